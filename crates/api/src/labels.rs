@@ -1,0 +1,108 @@
+//! Label keys and values shared by the controller, router, SDK and manifests.
+//!
+//! Every key is byte-identical to upstream's so that objects written by either implementation
+//! are recognised by the other. Each constant says who writes it and who reads it.
+
+/// `agents.x-k8s.io/sandbox-name-hash` = [`crate::name_hash`] of the Sandbox name.
+///
+/// Written by the Sandbox reconciler on the Pod, the headless Service and every PVC it creates,
+/// and used as the Service selector. Read by the Sandbox reconciler (finding a sandbox's pods),
+/// by the router's index (mapping pods back to sandboxes) and by anyone following
+/// `Sandbox.status.selector`.
+pub const SANDBOX_NAME_HASH: &str = "agents.x-k8s.io/sandbox-name-hash";
+
+/// `agents.x-k8s.io/launch-type` on a Sandbox: [`LAUNCH_TYPE_COLD`] or [`LAUNCH_TYPE_WARM`].
+///
+/// Written by the warm-pool reconciler (`warm` on pool members) and by the claim reconciler
+/// (`cold` on sandboxes it creates, `warm` on adoption). Read by metrics and `sandboxctl list`.
+pub const LAUNCH_TYPE: &str = "agents.x-k8s.io/launch-type";
+/// Value of [`LAUNCH_TYPE`] for a sandbox created for one claim.
+pub const LAUNCH_TYPE_COLD: &str = "cold";
+/// Value of [`LAUNCH_TYPE`] for a sandbox taken from a warm pool.
+pub const LAUNCH_TYPE_WARM: &str = "warm";
+
+/// `agents.x-k8s.io/created-by`: which kind of client asked for the object.
+///
+/// Written by the SDKs on the SandboxClaims they create ([`CREATED_BY_RUST_CLIENT`] by ours), by
+/// the warm-pool reconciler on pool members ([`CREATED_BY_CONTROLLER`]) and copied by the
+/// controller onto Sandboxes and Pods after normalisation (unknown values become
+/// [`CREATED_BY_UNKNOWN`]). Read by metrics, and by users' NetworkPolicies that select sandbox
+/// pods.
+pub const CREATED_BY: &str = "agents.x-k8s.io/created-by";
+/// Value of [`CREATED_BY`] written by upstream's Go SDK.
+pub const CREATED_BY_GO_CLIENT: &str = "go-client";
+/// Value of [`CREATED_BY`] written by upstream's Python SDK.
+pub const CREATED_BY_PYTHON_CLIENT: &str = "python-client";
+/// Value of [`CREATED_BY`] written by our Rust SDK (an addition: upstream normalises it to
+/// [`CREATED_BY_UNKNOWN`]).
+pub const CREATED_BY_RUST_CLIENT: &str = "rust-client";
+/// Value of [`CREATED_BY`] on objects the controller creates on its own (warm-pool members).
+pub const CREATED_BY_CONTROLLER: &str = "controller";
+/// Value of [`CREATED_BY`] that any other value is normalised to.
+pub const CREATED_BY_UNKNOWN: &str = "unknown";
+
+/// `agents.x-k8s.io/sandbox-pod-template-hash`: deprecated hash of a template's pod template.
+///
+/// Written by the warm-pool reconciler on members for upstream compatibility; removed on
+/// adoption. Read by nobody in this project (upstream's older staleness check read it).
+pub const SANDBOX_POD_TEMPLATE_HASH: &str = "agents.x-k8s.io/sandbox-pod-template-hash";
+
+/// `agents.x-k8s.io/sandbox-template-hash`: hash of the template's blueprint a pool member was
+/// built from.
+///
+/// Written by the warm-pool reconciler on members; removed on adoption. Read by the warm-pool
+/// reconciler (staleness under `updateStrategy: Recreate`) and by the claim reconciler (skipping
+/// stale candidates).
+pub const SANDBOX_TEMPLATE_HASH: &str = "agents.x-k8s.io/sandbox-template-hash";
+
+/// `agents.x-k8s.io/adoptable` = `"true"`: authorises the controller to adopt an unowned Pod,
+/// Service or PVC of the same name.
+///
+/// Written by users (or migration tooling). Read by the Sandbox reconciler before adopting.
+pub const ADOPTABLE: &str = "agents.x-k8s.io/adoptable";
+
+/// `agents.x-k8s.io/warm-pool-sandbox` = [`crate::name_hash`] of the pool name; marks an
+/// unclaimed pool member.
+///
+/// Written by the warm-pool reconciler on members (Sandbox labels and pod-template labels);
+/// removed by the claim reconciler on adoption. Read by the warm-pool reconciler (its members,
+/// `status.selector`), the claim reconciler (adoption candidates) and the Sandbox reconciler
+/// (propagated to the Pod only while the pool still owns the sandbox).
+pub const WARM_POOL_SANDBOX: &str = "agents.x-k8s.io/warm-pool-sandbox";
+
+/// `agents.x-k8s.io/sandbox-template-ref-hash` = [`crate::name_hash`] of the template name.
+///
+/// Written by the template reconciler on the template, and by the pool and claim reconcilers on
+/// the sandboxes they create (and so on their pods). Read by the template's NetworkPolicy pod
+/// selector and by staleness checks.
+pub const SANDBOX_TEMPLATE_REF_HASH: &str = "agents.x-k8s.io/sandbox-template-ref-hash";
+
+/// `agents.x-k8s.io/claim-uid`: UID of the SandboxClaim that owns a sandbox.
+///
+/// Written by the claim reconciler on the Sandbox and its pod template. Read by clients that
+/// want to find a claim's sandbox by label, and by `sandboxctl`.
+pub const CLAIM_UID: &str = "agents.x-k8s.io/claim-uid";
+
+/// Label key prefixes the controller never copies from a user's pod template onto a Pod: they are
+/// reserved for the system.
+pub const SYSTEM_PREFIXES: [&str; 2] = ["agents.x-k8s.io/", "extensions.agents.x-k8s.io/"];
+
+/// `app` = [`ROUTER_APP_VALUE`]: the label on router pods that the default per-template
+/// NetworkPolicy admits.
+///
+/// Written by our `deploy/` manifests on the router Deployment's pods. Read by the template
+/// reconciler's default NetworkPolicy (the default router peer). Upstream rejects it in a
+/// claim's `additionalPodMetadata`, so a sandbox cannot pretend to be the router.
+pub const ROUTER_APP: &str = "app";
+/// Value of [`ROUTER_APP`] on router pods.
+pub const ROUTER_APP_VALUE: &str = "sandbox-router";
+
+/// `kubernetes.io/metadata.name`: the label the API server puts on every Namespace with its own
+/// name. Read by NetworkPolicy namespace selectors.
+pub const NAMESPACE_NAME: &str = "kubernetes.io/metadata.name";
+
+/// `kubernetes.io/service-name`: the label that ties an EndpointSlice to its Service.
+///
+/// Written by the cluster (or the sim). Read by the SDK's port-forward mode to find a ready
+/// router pod.
+pub const ENDPOINTSLICE_SERVICE_NAME: &str = "kubernetes.io/service-name";

@@ -1,0 +1,39 @@
+//! Wire types of agent-sandbox, wire-compatible with kubernetes-sigs/agent-sandbox v1beta1.
+//!
+//! This crate owns every name that crosses a process boundary and does no IO:
+//!
+//! - the four CRDs: [`Sandbox`] (`agents.x-k8s.io/v1beta1`) and [`SandboxTemplate`],
+//!   [`SandboxWarmPool`], [`SandboxClaim`] (`extensions.agents.x-k8s.io/v1beta1`), with
+//!   [`crds::all`] giving their `CustomResourceDefinition`s;
+//! - label and annotation keys ([`labels`], [`annotations`]), condition types and reasons
+//!   ([`conditions`]), ports, names and router headers ([`wire`]);
+//! - the FNV-1a [`name_hash`] used in label values;
+//! - the JSON of the runtime server's legacy endpoints ([`runtime`]).
+//!
+//! Other crates import constants from here instead of spelling a string twice.
+
+pub mod annotations;
+pub mod claim;
+pub mod conditions;
+pub mod crds;
+mod hash;
+pub mod labels;
+pub mod runtime;
+pub mod sandbox;
+pub mod schema;
+pub mod template;
+pub mod warm_pool;
+pub mod wire;
+
+pub use claim::{SandboxClaim, SandboxClaimSpec, SandboxClaimStatus};
+pub use hash::{fnv1a_32, name_hash};
+pub use sandbox::{Sandbox, SandboxSpec, SandboxStatus};
+pub use template::{SandboxTemplate, SandboxTemplateSpec};
+pub use warm_pool::{SandboxWarmPool, SandboxWarmPoolSpec, SandboxWarmPoolStatus};
+
+/// API group of `Sandbox`.
+pub const GROUP: &str = "agents.x-k8s.io";
+/// API group of `SandboxTemplate`, `SandboxWarmPool` and `SandboxClaim`.
+pub const EXTENSIONS_GROUP: &str = "extensions.agents.x-k8s.io";
+/// The one version we serve (and store) for both groups.
+pub const VERSION: &str = "v1beta1";

@@ -1,0 +1,204 @@
+//! `Sandbox` (`agents.x-k8s.io/v1beta1`) and the blueprint types it shares with
+//! `SandboxTemplate` and `SandboxClaim`.
+//!
+//! Field names, optionality, defaults and validation follow upstream's v1beta1 CRD exactly (see
+//! `../shared/spec/upstream-compat.md` §1.1–§1.2). Defaulted fields are plain values with
+//! `#[serde(default)]`: the generated schema carries the default, so objects read back from the
+//! API server always have them, and Rust code never has to re-implement the defaulting.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{PersistentVolumeClaimSpec, PodSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube_derive::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Labels and annotations for a pod; the only parts of `metadata` a pod template honours.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct PodMetadata {
+    /// Labels to put on the pod.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Annotations to put on the pod.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+impl PodMetadata {
+    /// True when there are neither labels nor annotations.
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty() && self.annotations.is_empty()
+    }
+}
+
+/// The subset of object metadata a PVC template may carry.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct EmbeddedObjectMetadata {
+    /// Name of the template; the PVC is named `<name>-<sandbox>`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    /// Labels to put on the PVC.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Annotations to put on the PVC.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+impl EmbeddedObjectMetadata {
+    /// True when no field is set.
+    pub fn is_empty(&self) -> bool {
+        self.name.is_empty() && self.labels.is_empty() && self.annotations.is_empty()
+    }
+}
+
+/// The pod a sandbox runs.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct PodTemplate {
+    /// The pod's spec, used as is (PVC-backed volumes are merged in by name).
+    pub spec: PodSpec,
+    /// Labels and annotations for the pod (system-prefixed keys are not copied).
+    #[serde(default, skip_serializing_if = "PodMetadata::is_empty")]
+    pub metadata: PodMetadata,
+}
+
+/// A PersistentVolumeClaim to create per sandbox (StatefulSet-style).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct PersistentVolumeClaimTemplate {
+    /// Name, labels and annotations of the claim.
+    #[serde(default, skip_serializing_if = "EmbeddedObjectMetadata::is_empty")]
+    pub metadata: EmbeddedObjectMetadata,
+    /// The claim's spec.
+    pub spec: PersistentVolumeClaimSpec,
+}
+
+/// What to build a sandbox from: shared by `Sandbox.spec` and `SandboxTemplate.spec`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxBlueprint {
+    /// The pod to run.
+    pub pod_template: PodTemplate,
+    /// PersistentVolumeClaims to create for the sandbox, merged into the pod's volumes by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
+    pub volume_claim_templates: Vec<PersistentVolumeClaimTemplate>,
+    /// Whether to create a headless Service named after the sandbox. Unset keeps an existing
+    /// Service but creates none; `true` creates (or adopts) one; `false` deletes an owned one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<bool>,
+}
+
+/// What happens to a sandbox when its `shutdownTime` passes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum ShutdownPolicy {
+    /// Delete the Sandbox object (and with it, through garbage collection, its pod, Service and
+    /// PVCs).
+    Delete,
+    /// Keep the Sandbox object, marked `Ready=False/SandboxExpired`, with its pod and Service
+    /// gone.
+    #[default]
+    Retain,
+}
+
+/// Expiry of a sandbox; inlined into `Sandbox.spec`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Lifecycle {
+    /// Absolute time at which the sandbox expires; unset means never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shutdown_time: Option<Time>,
+    /// What expiry does.
+    #[serde(default)]
+    pub shutdown_policy: ShutdownPolicy,
+}
+
+/// Whether a sandbox's pod should exist.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum OperatingMode {
+    /// The pod runs.
+    #[default]
+    Running,
+    /// The pod is deleted; PVCs and the Service are kept, so `Running` brings it back with its
+    /// data.
+    Suspended,
+}
+
+/// A stateful singleton pod with a stable identity, optional storage and an expiry.
+// Several `printcolumn(...)` arguments repeat `type_ = ...`: not a duplicated attribute.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    crates(kube_core = "::kube_core"),
+    group = "agents.x-k8s.io",
+    version = "v1beta1",
+    kind = "Sandbox",
+    plural = "sandboxes",
+    singular = "sandbox",
+    shortname = "sandbox",
+    namespaced,
+    status = "SandboxStatus",
+    derive = "Default",
+    derive = "PartialEq",
+    doc = "Sandbox is a stateful singleton workload: one pod, optional PVCs and Service, an expiry.",
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type=='Ready')].status"
+    ),
+    printcolumn(
+        name = "Reason",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type=='Ready')].reason"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "has(self.volumeClaimTemplates) == has(oldSelf.volumeClaimTemplates) && (!has(self.volumeClaimTemplates) || self.volumeClaimTemplates == oldSelf.volumeClaimTemplates)",
+    "message": "volumeClaimTemplates is immutable",
+}]))]
+pub struct SandboxSpec {
+    /// Pod template, volume claim templates and Service switch.
+    #[serde(flatten)]
+    pub blueprint: SandboxBlueprint,
+    /// Expiry.
+    #[serde(flatten)]
+    pub lifecycle: Lifecycle,
+    /// Whether the pod should run.
+    #[serde(default)]
+    pub operating_mode: OperatingMode,
+}
+
+/// Observed state of a Sandbox, written by the Sandbox reconciler only.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxStatus {
+    /// `<service>.<namespace>.svc.<cluster-domain>` while the sandbox has a Service.
+    #[serde(
+        rename = "serviceFQDN",
+        default,
+        skip_serializing_if = "String::is_empty"
+    )]
+    pub service_fqdn: String,
+    /// Name of the headless Service (the sandbox name), if any.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub service: String,
+    /// `Ready`, `Suspended`, `PodScheduled`, `Finished` (see [`crate::conditions::sandbox`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "crate::crds::conditions_schema")]
+    pub conditions: Vec<Condition>,
+    /// Label selector of the sandbox's pod: `agents.x-k8s.io/sandbox-name-hash=<hash>`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub selector: String,
+    /// IPs of the pod, while it exists and is owned by the sandbox.
+    #[serde(rename = "podIPs", default, skip_serializing_if = "Vec::is_empty")]
+    pub pod_ips: Vec<String>,
+    /// Node of the pod, while it exists.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub node_name: String,
+}

@@ -1,0 +1,67 @@
+//! Names, ports and headers that components use to find and address each other.
+//!
+//! One place for every address-shaped constant, so that the controller's default NetworkPolicy,
+//! the router, the SDK's port-forward discovery and the `deploy/` manifests cannot disagree (the
+//! seed article's gotchas 2 and 3 were exactly such disagreements).
+
+/// Port of the runtime server inside every sandbox pod (upstream's python runtime).
+pub const RUNTIME_PORT: u16 = 8888;
+
+/// Namespace of the controller and, in our manifests, of the router.
+///
+/// Read by the controller's default NetworkPolicy (router peer namespace) and by the SDK's
+/// port-forward mode (where to look for the router). Both are configurable; these defaults match
+/// `deploy/`.
+pub const SYSTEM_NAMESPACE: &str = "agent-sandbox-system";
+
+/// Name of the controller Deployment (upstream's name).
+pub const CONTROLLER_NAME: &str = "agent-sandbox-controller";
+/// Port of the controller's Prometheus metrics.
+pub const CONTROLLER_METRICS_PORT: u16 = 8080;
+/// Port of the controller's `/healthz` and `/readyz`.
+pub const CONTROLLER_HEALTH_PORT: u16 = 8081;
+/// Name of the Lease the controller replicas elect a leader with (upstream's id).
+pub const LEADER_ELECTION_ID: &str = "a3317529.agent-sandbox.x-k8s.io";
+/// Field manager the controller uses for every write (server-side apply and patches).
+pub const CONTROLLER_FIELD_MANAGER: &str = "sandbox-controller";
+
+/// Name of the router Service. Read by the SDK's port-forward discovery through the
+/// EndpointSlices labelled `kubernetes.io/service-name` with this value.
+pub const ROUTER_SERVICE: &str = "sandbox-router-svc";
+/// Port of the router Service and of the router's proxy listener.
+pub const ROUTER_PORT: u16 = 8080;
+
+/// Default Kubernetes cluster domain for `status.serviceFQDN`.
+pub const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";
+
+/// REST port of upstream's `sandboxd` runtime daemon (not served by our runtime).
+pub const SANDBOXD_REST_PORT: u16 = 8080;
+/// gRPC port of upstream's `sandboxd` runtime daemon (not served by our runtime).
+pub const SANDBOXD_GRPC_PORT: u16 = 9090;
+
+/// Headers by which clients tell the router which sandbox a request is for.
+///
+/// Written by the SDK (and any HTTP client) on every call through the router. Read by the router,
+/// which strips them before forwarding.
+pub mod headers {
+    /// Required: the Sandbox name (a DNS-1123 label).
+    pub const SANDBOX_ID: &str = "X-Sandbox-ID";
+    /// The Sandbox namespace; [`super::DEFAULT_SANDBOX_NAMESPACE`] when absent.
+    pub const SANDBOX_NAMESPACE: &str = "X-Sandbox-Namespace";
+    /// The port in the sandbox pod; [`super::RUNTIME_PORT`] when absent.
+    pub const SANDBOX_PORT: &str = "X-Sandbox-Port";
+    /// A hint at the pod IP; our router accepts it only when it is an address of the named
+    /// sandbox's pod.
+    pub const SANDBOX_POD_IP: &str = "X-Sandbox-Pod-IP";
+    /// The Sandbox UID (upstream's Go router); when present our router checks it against the
+    /// named sandbox.
+    pub const SANDBOX_UID: &str = "X-Sandbox-UID";
+    /// Seconds (a decimal number) the client will wait; the router's deadline for the request,
+    /// capped by its configured maximum.
+    pub const SANDBOX_TIMEOUT: &str = "X-Sandbox-Timeout";
+    /// Request id sent by the SDKs and echoed in the router's access log.
+    pub const REQUEST_ID: &str = "X-Request-ID";
+}
+
+/// Namespace the router assumes when `X-Sandbox-Namespace` is absent.
+pub const DEFAULT_SANDBOX_NAMESPACE: &str = "default";
