@@ -243,7 +243,12 @@ fn prepare(root: &Root, rel: &Path, mode: Option<u32>) -> Result<Prepared, Write
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     if !is_base(parent) {
-        root.dir().create_dir_all(parent).map_err(WriteError::Fs)?;
+        match root.dir().create_dir_all(parent) {
+            // Something that is not a directory (or a symlink that leads out or loops) is in
+            // the way: opening it below reports the precise error.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            other => other.map_err(WriteError::Fs)?,
+        }
     }
     let dir = root.dir().open_dir(parent).map_err(WriteError::Fs)?;
     let existing_mode = match dir.symlink_metadata(&name) {
