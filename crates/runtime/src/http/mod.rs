@@ -70,6 +70,9 @@ pub(crate) fn router(state: State) -> Router {
         .route("/v1/files/{*path}", any(files::files))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        // Bodies are limited by the handlers themselves (413 in the endpoint's error shape);
+        // axum's default 2 MB cap would cut uploads off.
+        .layer(axum::extract::DefaultBodyLimit::disable())
         .with_state(state)
 }
 
