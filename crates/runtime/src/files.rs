@@ -296,7 +296,7 @@ fn unique() -> u64 {
 }
 
 /// Buffer for coalescing small body chunks into larger file writes.
-const WRITE_BUFFER: usize = 1 << 20;
+const WRITE_BUFFER: usize = 256 << 10;
 
 /// Writes `chunks` to `rel` atomically: parents created, a temp file beside the target filled
 /// (at most `limit` bytes), permissions set (`mode`, else the replaced file's, else 0644), then

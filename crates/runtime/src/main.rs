@@ -20,9 +20,17 @@ fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        // A plain level (RUST_LOG=debug, ...), not an EnvFilter: its directive engine would
+        // cost resident memory in every sandbox pod for a feature the runtime does not need.
+        .with_max_level(
+            std::env::var("RUST_LOG")
+                .ok()
+                .and_then(|level| {
+                    level
+                        .parse::<tracing_subscriber::filter::LevelFilter>()
+                        .ok()
+                })
+                .unwrap_or(tracing_subscriber::filter::LevelFilter::INFO),
         )
         .init();
     agent_sandbox_runtime::run(cli.args.into_config())?;
