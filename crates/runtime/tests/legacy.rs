@@ -180,7 +180,7 @@ async fn execute_timeout_kills_every_descendant() {
     let reply = server
         .post_json(
             "/execute",
-            &json!({"command": "sh -c 'sleep 1000 & echo $! $$; sleep 1000'", "timeout_seconds": 1}),
+            &json!({"command": "sh -c 'sleep 1000 & echo $! $$; sleep 1000'", "timeout_seconds": 3}),
         )
         .await;
     let body = reply.json();
@@ -199,6 +199,44 @@ async fn execute_timeout_kills_every_descendant() {
     assert_eq!(pids.len(), 2, "{body}");
     assert_eq!(
         survivors(&pids, Duration::from_secs(5)).await,
+        Vec::<u32>::new()
+    );
+}
+
+#[tokio::test]
+async fn background_children_cannot_wedge_a_request_and_daemons_die_at_shutdown() {
+    let server = TestServer::start_with(|c| c.drain_timeout = Duration::from_millis(300)).await;
+    // A child that keeps the output pipe open is killed after the drain timeout.
+    let reply = server
+        .post_json(
+            "/execute",
+            &json!({"command": "echo started; sleep 1000 & echo $! > holder.pid", "shell": true}),
+        )
+        .await;
+    assert_json_include!(actual: reply.json(), expected: json!({"stdout": "started\n", "exit_code": 0, "timed_out": false}));
+    let holder = pid_from_file(&server.base.path().join("holder.pid")).await;
+    assert_eq!(
+        survivors(&[holder], Duration::from_secs(5)).await,
+        Vec::<u32>::new()
+    );
+    // A daemon that let go of the output keeps running after the request...
+    let reply = server
+        .post_json(
+            "/execute",
+            &json!({"command": "sleep 1000 >/dev/null 2>&1 & echo $!", "shell": true}),
+        )
+        .await;
+    let daemon: u32 = reply.json()["stdout"]
+        .as_str()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(alive(daemon));
+    // ...until the runtime shuts down.
+    server.stop().await;
+    assert_eq!(
+        survivors(&[daemon], Duration::from_secs(5)).await,
         Vec::<u32>::new()
     );
 }
