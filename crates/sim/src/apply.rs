@@ -275,6 +275,28 @@ fn overlaps(a: &FieldPath, b: &FieldPath) -> bool {
     a.starts_with(b) || b.starts_with(a)
 }
 
+/// Whether a manager owning `owned` contends for `path`, which an apply sets: the same field,
+/// an owned atomic value (list or scalar) containing it, or an owned field inside the atomic
+/// value the apply sets. Owning a map does not contend with adding keys to it.
+fn contends(
+    owned: &FieldPath,
+    path: &FieldPath,
+    live: &Value,
+    config: &Value,
+    lists: ListTypes<'_>,
+) -> bool {
+    if owned == path {
+        return true;
+    }
+    if path.starts_with(owned) {
+        return !get_at(live, owned, lists).is_some_and(Value::is_object);
+    }
+    if owned.starts_with(path) {
+        return !get_at(config, path, lists).is_some_and(Value::is_object);
+    }
+    false
+}
+
 /// Renders a path the way apply conflicts name fields: `.spec.containers[name="c"].image`.
 pub(crate) fn render_path(path: &FieldPath) -> String {
     let mut out = String::new();
@@ -353,7 +375,7 @@ pub(crate) fn apply(
                 continue;
             }
             for owned in &entry.fields {
-                if overlaps(owned, path) {
+                if contends(owned, path, live, config, lists) {
                     if force {
                         taken.insert(owned.clone());
                     } else {
@@ -397,15 +419,19 @@ pub(crate) fn apply(
     }
     prune_empty_parents(&mut object, &removed, &new_set, &others, lists);
 
-    entries.retain(|entry| !mine(entry));
-    entries.push(ManagedEntry {
+    let entry = ManagedEntry {
         manager: manager.to_owned(),
         operation: "Apply".to_owned(),
         api_version: api_version.to_owned(),
         time: time.to_owned(),
         subresource: subresource.to_owned(),
         fields: new_set,
-    });
+    };
+    // In place, so that re-applying the same configuration is a no-op.
+    match entries.iter().position(mine) {
+        Some(index) => entries[index] = entry,
+        None => entries.push(entry),
+    }
     entries.retain(|entry| !entry.fields.is_empty());
     Ok(Applied {
         object,
@@ -856,6 +882,33 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(conflict, vec![("editor".to_owned(), ".spec.a".to_owned())]);
+    }
+
+    #[test]
+    fn owning_a_map_does_not_contend_with_new_keys_but_an_atomic_list_does() {
+        let created = track_update(
+            &json!({}),
+            &json!({"data": {}, "tags": ["a"]}),
+            "creator",
+            &[],
+            "",
+            "v1",
+            "t",
+            &lists,
+        );
+        let live = json!({"data": {}, "tags": ["a"]});
+        assert!(
+            run(
+                &live,
+                json!({"data": {"k": "v"}}),
+                "applier",
+                false,
+                &created
+            )
+            .is_ok()
+        );
+        let conflict = run(&live, json!({"tags": ["b"]}), "applier", false, &created).unwrap_err();
+        assert_eq!(conflict, vec![("creator".to_owned(), ".tags".to_owned())]);
     }
 
     #[test]

@@ -199,6 +199,44 @@ fn seed(cluster: &Cluster) -> Result<()> {
     Ok(())
 }
 
+/// Named CRD objects, or the CRD whose preparation failed.
+type PreparedCrds = std::result::Result<Vec<(String, serde_json::Value)>, (String, ApiError)>;
+
+/// The project's CRDs as the API server stores them after a server-side apply by `kube-sim`
+/// (without uid and timestamps), computed once per process: generating and admitting them
+/// takes long enough to matter when every test starts a sim.
+fn prepared_crds() -> Result<&'static [(String, serde_json::Value)]> {
+    static PREPARED: std::sync::OnceLock<PreparedCrds> = std::sync::OnceLock::new();
+    let prepared = PREPARED.get_or_init(|| {
+        let scratch = Cluster::new(16);
+        let info = scratch
+            .builtin("apiextensions.k8s.io", "customresourcedefinitions")
+            .map_err(|e| ("customresourcedefinitions".to_owned(), e))?;
+        let mut out = Vec::new();
+        for crd in agent_sandbox_api::crds::all() {
+            let name = crd.metadata.name.clone().unwrap_or_default();
+            let mut value = serde_json::to_value(&crd)
+                .map_err(|e| (name.clone(), ApiError::internal(e.to_string())))?;
+            value["apiVersion"] = json!("apiextensions.k8s.io/v1");
+            value["kind"] = json!("CustomResourceDefinition");
+            let mut options = internal_options();
+            options.force = true;
+            let written = scratch
+                .apply(&info, "", &name, &value, ops::Subresource::Main, &options)
+                .map_err(|e| (name.clone(), e))?;
+            out.push((name, written.object));
+        }
+        Ok(out)
+    });
+    prepared
+        .as_ref()
+        .map(Vec::as_slice)
+        .map_err(|(name, source)| Error::Crd {
+            name: name.clone(),
+            source: source.clone(),
+        })
+}
+
 /// The kubeconfig of a sim at `base_url`.
 pub fn kubeconfig_yaml(base_url: &str) -> String {
     format!(
@@ -241,9 +279,9 @@ impl Sim {
             })?;
         }
         let isolation = match config.isolation {
-            Isolation::Auto if kubelet::process::bwrap_works() => Isolation::Bwrap,
+            Isolation::Auto if kubelet::process::bwrap_available() => Isolation::Bwrap,
             Isolation::Auto | Isolation::None => Isolation::None,
-            Isolation::Bwrap if kubelet::process::bwrap_works() => Isolation::Bwrap,
+            Isolation::Bwrap if kubelet::process::bwrap_available() => Isolation::Bwrap,
             Isolation::Bwrap => return Err(Error::NoBwrap),
         };
         let cluster = Arc::new(Cluster::new(config.watch_history));
@@ -377,7 +415,8 @@ impl Sim {
     }
 
     /// Registers the project's CRDs (`agent_sandbox_api::crds::all()`), as
-    /// `kubectl apply --server-side -f deploy/crds/` would, without counting requests.
+    /// `kubectl apply --server-side -f deploy/crds/` would (field manager `kube-sim`), without
+    /// counting requests. The admitted objects are prepared once per process, so this is cheap.
     pub fn apply_crds(&self) -> Result<()> {
         let info = self
             .cluster
@@ -386,19 +425,16 @@ impl Sim {
                 name: "customresourcedefinitions".into(),
                 source,
             })?;
-        for crd in agent_sandbox_api::crds::all() {
-            let name = crd.metadata.name.clone().unwrap_or_default();
-            let mut value = serde_json::to_value(&crd).map_err(|source| Error::EncodeCrd {
-                name: name.clone(),
-                source,
-            })?;
-            value["apiVersion"] = json!("apiextensions.k8s.io/v1");
-            value["kind"] = json!("CustomResourceDefinition");
-            let mut options = internal_options();
-            options.force = true;
+        for (name, object) in prepared_crds()? {
+            if self.cluster.store.get(&info.storage(), "", name).is_some() {
+                continue;
+            }
             self.cluster
-                .apply(&info, "", &name, &value, ops::Subresource::Main, &options)
-                .map_err(|source| Error::Crd { name, source })?;
+                .create_prepared(&info, object.clone())
+                .map_err(|source| Error::Crd {
+                    name: name.clone(),
+                    source,
+                })?;
         }
         Ok(())
     }

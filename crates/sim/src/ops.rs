@@ -1162,6 +1162,39 @@ impl Cluster {
             .map(|committed| committed.object)
     }
 
+    /// Stores an object prepared (admitted) elsewhere, with a fresh uid and timestamps, and runs
+    /// the kind's after-write work (CRD registration).
+    pub(crate) fn create_prepared(
+        &self,
+        info: &ResourceInfo,
+        mut object: Value,
+    ) -> ApiResult<Arc<Value>> {
+        let now = meta::now();
+        if let Some(Value::Array(entries)) = object.pointer_mut("/metadata/managedFields") {
+            for entry in entries.iter_mut().filter_map(Value::as_object_mut) {
+                entry.insert("time".into(), json!(now));
+            }
+        }
+        let namespace = meta::namespace(&object).to_owned();
+        let name = meta::name(&object).to_owned();
+        {
+            let m = meta::meta_mut(&mut object);
+            m.insert("uid".into(), json!(new_uid()));
+            m.insert("creationTimestamp".into(), json!(now));
+            m.remove("resourceVersion");
+        }
+        let committed = self
+            .store
+            .commit(&info.storage(), &namespace, &name, |current| {
+                if current.is_some() {
+                    return Err(ApiError::already_exists(&info.group, &info.plural, &name));
+                }
+                Ok(Decision::Put(object))
+            })?;
+        self.after_write(info, &committed);
+        Ok(committed.object)
+    }
+
     /// A create by one of the sim's own controllers (no admission; uid and timestamps set).
     pub(crate) fn create_internal(
         &self,

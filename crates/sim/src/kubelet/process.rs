@@ -40,7 +40,7 @@ impl std::str::FromStr for Isolation {
 }
 
 /// Whether bubblewrap is installed and can create the namespaces we use (checked once).
-pub(crate) fn bwrap_works() -> bool {
+pub fn bwrap_available() -> bool {
     static WORKS: OnceLock<bool> = OnceLock::new();
     *WORKS.get_or_init(|| {
         std::process::Command::new("bwrap")
