@@ -205,7 +205,8 @@ where
                 None => {
                     open -= 1;
                     if open == 0 {
-                        let _ = sink.send(Message::Close(None)).await;
+                        // Like the kubelet: when every forwarded connection is closed by the pod,
+                        // the stream ends.
                         break;
                     }
                 }
@@ -213,6 +214,8 @@ where
         }
     }
     readers.abort_all();
+    // Completes the closing handshake (flushes the reply to a client's Close frame).
+    let _ = sink.close().await;
 }
 
 fn error_channel(data: u8) -> u8 {
