@@ -664,7 +664,13 @@ impl Worker {
                     .get("workingDir")
                     .and_then(Value::as_str)
                     .map(str::to_owned),
-                hostname: self.name.clone(),
+                // `spec.hostname` when set, as a real pod's UTS name.
+                hostname: self
+                    .pod
+                    .pointer("/spec/hostname")
+                    .and_then(Value::as_str)
+                    .unwrap_or(&self.name)
+                    .to_owned(),
                 pod_dir: self.paths.app.clone(),
                 mounts: self.mounts(container),
                 log: log_file(&self.paths, name, false),
