@@ -90,7 +90,7 @@ impl Default for SimConfig {
             data_dir: None,
             watch_history: 10_000,
             bookmark_interval: Duration::from_secs(5),
-            fast_probe_interval: Duration::from_millis(50),
+            fast_probe_interval: Duration::from_millis(10),
         }
     }
 }

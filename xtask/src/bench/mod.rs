@@ -9,6 +9,7 @@
 mod api;
 mod report;
 mod runtime;
+mod sim;
 mod stats;
 
 use std::path::Path;
@@ -44,6 +45,7 @@ fn cases() -> Vec<Case> {
     let mut cases = Vec::new();
     cases.extend(api::cases());
     cases.extend(runtime::cases());
+    cases.extend(sim::cases());
     cases
 }
 

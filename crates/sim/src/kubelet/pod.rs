@@ -77,6 +77,8 @@ struct Worker {
     restart_at: Vec<Option<Instant>>,
     init_restart_at: Option<(usize, Instant)>,
     exits_tx: mpsc::UnboundedSender<Exit>,
+    /// The container tasks; dropping the worker aborts them, which kills their processes.
+    tasks: tokio::task::JoinSet<()>,
     restart_policy: String,
     env_cache: Vec<BTreeMap<String, String>>,
 }
@@ -180,6 +182,7 @@ impl Worker {
             restart_at: specs.iter().map(|_| None).collect(),
             env_cache: Vec::new(),
             init_restart_at: None,
+            tasks: tokio::task::JoinSet::new(),
             ctx,
             pod,
             namespace,
@@ -713,7 +716,8 @@ impl Worker {
         let pid = running.guard.pgid();
         let started_at = now();
         let (control, control_rx) = mpsc::unbounded_channel();
-        tokio::spawn(watch_container(
+        while self.tasks.try_join_next().is_some() {}
+        self.tasks.spawn(watch_container(
             running,
             control_rx,
             self.exits_tx.clone(),
