@@ -1059,6 +1059,7 @@ async fn watch_container(
     };
     // The leader is gone; whatever it left behind in its group goes too.
     running.guard.kill();
+    running.guard.wait_gone(Duration::from_secs(5)).await;
     let (code, signal) = match status {
         Ok(status) => (status.code(), status.signal()),
         Err(_) => (None, Some(9)),
