@@ -180,7 +180,7 @@ pub(crate) fn bwrap_args(root: &[RootEntry], spec: &LaunchSpec) -> Vec<OsString>
 
 /// Every process group the kubelet started and has not yet seen die.
 #[derive(Debug, Default)]
-pub struct ProcessTable {
+pub(crate) struct ProcessTable {
     groups: Mutex<HashSet<i32>>,
 }
 
@@ -200,7 +200,7 @@ impl ProcessTable {
     }
 
     /// Kills every registered group.
-    pub fn kill_all(&self) {
+    pub(crate) fn kill_all(&self) {
         let groups: Vec<i32> = self
             .groups
             .lock()
@@ -213,16 +213,11 @@ impl ProcessTable {
     }
 
     /// How many groups are alive.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.groups
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .len()
-    }
-
-    /// Whether no group is alive.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
