@@ -265,6 +265,11 @@ async fn kubectl_shows_logs_events_and_describes_pods() {
         "{described}"
     );
     assert!(described.contains("Scheduled"), "{described}");
+    // Several kinds at once: kubectl prefixes names with their kind (it finds the name column
+    // by its format).
+    let all = kubectl.ok(&["get", "all"]).await;
+    assert!(all.contains("pod/talker"), "{all}");
+    assert!(all.contains("service/kubernetes"), "{all}");
     // A label change through kubectl's strategic merge patch.
     kubectl.ok(&["label", "pod", "talker", "team=sim"]).await;
     let labels = kubectl
