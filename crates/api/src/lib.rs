@@ -8,7 +8,8 @@
 //! - label and annotation keys ([`labels`], [`annotations`]), condition types and reasons
 //!   ([`conditions`]), ports, names and router headers ([`wire`]);
 //! - the FNV-1a [`name_hash`] used in label values;
-//! - the JSON of the runtime server: legacy endpoints and the `/v1` API ([`runtime`], [`runtime::v1`]).
+//! - the JSON of the runtime server: legacy endpoints and the `/v1` API ([`runtime`], [`runtime::v1`]);
+//! - the scoped router token format, minted and verified as pure functions ([`token`]).
 //!
 //! Other crates import constants from here instead of spelling a string twice.
 
@@ -22,6 +23,7 @@ pub mod runtime;
 pub mod sandbox;
 pub mod schema;
 pub mod template;
+pub mod token;
 pub mod warm_pool;
 pub mod wire;
 
