@@ -1,0 +1,823 @@
+//! The sandbox-to-pod index: which pod address and ports each Sandbox may be reached at.
+//!
+//! A plain struct with `apply` / `delete` / `reset` for Sandboxes and Pods (the shape of
+//! linkerd's policy-controller indexes): the watchers in [`crate::watch`] feed it from the
+//! cluster, tests and in-process users (`sandboxctl run --local`) feed it directly. It keeps a
+//! small summary per object, never the objects, and answers [`Index::resolve`] without IO.
+//!
+//! A sandbox is routable when:
+//! - it is not an unclaimed warm-pool member (its controller is not a `SandboxWarmPool`),
+//! - its `Ready` condition is `True`,
+//! - its pod (named by the `agents.x-k8s.io/pod-name` annotation, else the sandbox's own name)
+//!   exists, carries `agents.x-k8s.io/sandbox-name-hash` with the sandbox's name hash, is
+//!   controlled by the Sandbox's UID, is not terminating and has an IP.
+//!
+//! The allowed ports are 8888 and those the pod's containers declare.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use agent_sandbox_api::wire::RUNTIME_PORT;
+use agent_sandbox_api::{Sandbox, annotations, conditions, labels, name_hash};
+use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+
+/// Kind of the warm-pool owner of unclaimed members.
+const WARM_POOL_KIND: &str = "SandboxWarmPool";
+/// Kind a pod's controller must have.
+const SANDBOX_KIND: &str = "Sandbox";
+
+/// What the index keeps of a Sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SandboxEntry {
+    uid: String,
+    /// The `pod-name` annotation, when set.
+    pod_name: Option<String>,
+    readiness: Readiness,
+    /// Name of the controlling `SandboxWarmPool`, for unclaimed members.
+    warm_pool: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Readiness {
+    Ready,
+    NotReady { reason: String, message: String },
+    Unknown,
+}
+
+/// What the index keeps of a Pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PodEntry {
+    /// UID of the controlling owner, when that owner is a Sandbox.
+    controller_uid: Option<String>,
+    /// Value of the name-hash label.
+    name_hash: Option<String>,
+    ips: Vec<IpAddr>,
+    /// Declared container ports, sorted, without duplicates.
+    ports: Vec<u16>,
+    terminating: bool,
+}
+
+/// Where a routable sandbox can be reached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Backend {
+    /// UID of the Sandbox.
+    pub uid: String,
+    /// Name of its pod.
+    pub pod: String,
+    /// The pod's IPs (primary first).
+    pub ips: Vec<IpAddr>,
+    /// Ports that may be addressed: 8888 and the declared container ports, sorted.
+    pub ports: Vec<u16>,
+}
+
+/// Why a sandbox cannot be routed to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unroutable {
+    /// No such Sandbox, and the initial lists are not done: the answer may be premature.
+    NotSynced,
+    /// No such Sandbox.
+    NotFound,
+    /// The Sandbox is an unclaimed member of this warm pool.
+    WarmPoolMember {
+        /// The pool.
+        pool: String,
+    },
+    /// The Sandbox's `Ready` condition is not `True`.
+    NotReady {
+        /// The condition's reason (empty when there is no condition yet).
+        reason: String,
+        /// The condition's message.
+        message: String,
+    },
+    /// The Sandbox's pod is not known.
+    NoPod {
+        /// The pod's expected name.
+        pod: String,
+    },
+    /// A pod of that name exists but does not belong to this Sandbox.
+    PodNotControlled {
+        /// The pod.
+        pod: String,
+    },
+    /// The pod is being deleted.
+    PodTerminating {
+        /// The pod.
+        pod: String,
+    },
+    /// The pod has no IP yet.
+    NoPodIp {
+        /// The pod.
+        pod: String,
+    },
+}
+
+impl Unroutable {
+    /// A sentence naming the sandbox `namespace/name`.
+    pub fn describe(&self, namespace: &str, name: &str) -> String {
+        let sandbox = format!("{namespace}/{name}");
+        match self {
+            Self::NotSynced => format!(
+                "Sandbox {sandbox} is not known yet: the router has not finished its initial list \
+                 of sandboxes and pods."
+            ),
+            Self::NotFound => format!("Sandbox {sandbox} not found."),
+            Self::WarmPoolMember { pool } => format!(
+                "Sandbox {sandbox} is an unclaimed warm-pool member (pool {pool}); claim it with a \
+                 SandboxClaim first."
+            ),
+            Self::NotReady { reason, message } if reason.is_empty() && message.is_empty() => {
+                format!("Sandbox {sandbox} is not Ready yet (no Ready condition).")
+            }
+            Self::NotReady { reason, message } => {
+                format!("Sandbox {sandbox} is not Ready: {reason}: {message}")
+            }
+            Self::NoPod { pod } => {
+                format!("Sandbox {sandbox} is not Ready: its pod {pod} is not known yet.")
+            }
+            Self::PodNotControlled { pod } => {
+                format!("Sandbox {sandbox} is not Ready: pod {pod} is not controlled by it.")
+            }
+            Self::PodTerminating { pod } => {
+                format!("Sandbox {sandbox} is not Ready: its pod {pod} is terminating.")
+            }
+            Self::NoPodIp { pod } => {
+                format!("Sandbox {sandbox} is not Ready: its pod {pod} has no IP yet.")
+            }
+        }
+    }
+}
+
+/// Sandboxes and pods by namespace and name, and whether the initial lists are done.
+#[derive(Debug, Default)]
+pub struct Index {
+    sandboxes: HashMap<String, HashMap<String, SandboxEntry>>,
+    pods: HashMap<String, HashMap<String, PodEntry>>,
+    sandboxes_synced: bool,
+    pods_synced: bool,
+}
+
+impl Index {
+    /// An empty index that has not synced.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds or replaces a Sandbox.
+    pub fn apply_sandbox(&mut self, sandbox: &Sandbox) {
+        if let Some((namespace, name, entry)) = sandbox_entry(sandbox) {
+            self.insert_sandbox(namespace, name, entry);
+        }
+    }
+
+    /// Removes a Sandbox.
+    pub fn delete_sandbox(&mut self, namespace: &str, name: &str) {
+        remove(&mut self.sandboxes, namespace, name);
+    }
+
+    /// Replaces every Sandbox with `sandboxes` (the result of a complete list) and marks the
+    /// Sandboxes synced.
+    pub fn reset_sandboxes<'a>(&mut self, sandboxes: impl IntoIterator<Item = &'a Sandbox>) {
+        self.reset_sandbox_entries(sandboxes.into_iter().filter_map(sandbox_entry));
+    }
+
+    pub(crate) fn insert_sandbox(&mut self, namespace: String, name: String, entry: SandboxEntry) {
+        self.sandboxes
+            .entry(namespace)
+            .or_default()
+            .insert(name, entry);
+    }
+
+    pub(crate) fn reset_sandbox_entries(
+        &mut self,
+        entries: impl IntoIterator<Item = (String, String, SandboxEntry)>,
+    ) {
+        self.sandboxes.clear();
+        for (namespace, name, entry) in entries {
+            self.insert_sandbox(namespace, name, entry);
+        }
+        self.sandboxes_synced = true;
+    }
+
+    /// Adds or replaces a Pod.
+    pub fn apply_pod(&mut self, pod: &Pod) {
+        if let Some((namespace, name, entry)) = pod_entry(pod) {
+            self.insert_pod(namespace, name, entry);
+        }
+    }
+
+    /// Removes a Pod.
+    pub fn delete_pod(&mut self, namespace: &str, name: &str) {
+        remove(&mut self.pods, namespace, name);
+    }
+
+    /// Replaces every Pod with `pods` (the result of a complete list) and marks the Pods synced.
+    pub fn reset_pods<'a>(&mut self, pods: impl IntoIterator<Item = &'a Pod>) {
+        self.reset_pod_entries(pods.into_iter().filter_map(pod_entry));
+    }
+
+    pub(crate) fn insert_pod(&mut self, namespace: String, name: String, entry: PodEntry) {
+        self.pods.entry(namespace).or_default().insert(name, entry);
+    }
+
+    pub(crate) fn reset_pod_entries(
+        &mut self,
+        entries: impl IntoIterator<Item = (String, String, PodEntry)>,
+    ) {
+        self.pods.clear();
+        for (namespace, name, entry) in entries {
+            self.insert_pod(namespace, name, entry);
+        }
+        self.pods_synced = true;
+    }
+
+    /// Whether both initial lists (Sandboxes and Pods) are done.
+    pub fn is_synced(&self) -> bool {
+        self.sandboxes_synced && self.pods_synced
+    }
+
+    /// Whether the Sandboxes and the Pods have been listed, in that order.
+    pub fn sync_state(&self) -> (bool, bool) {
+        (self.sandboxes_synced, self.pods_synced)
+    }
+
+    /// Numbers of Sandboxes and Pods held.
+    pub fn len(&self) -> (usize, usize) {
+        (count(&self.sandboxes), count(&self.pods))
+    }
+
+    /// Whether the index holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == (0, 0)
+    }
+
+    /// Where sandbox `namespace/name` can be reached, or why it cannot.
+    pub fn resolve(&self, namespace: &str, name: &str) -> Result<Backend, Unroutable> {
+        let Some(sandbox) = self.sandboxes.get(namespace).and_then(|m| m.get(name)) else {
+            return Err(if self.is_synced() {
+                Unroutable::NotFound
+            } else {
+                Unroutable::NotSynced
+            });
+        };
+        if let Some(pool) = &sandbox.warm_pool {
+            return Err(Unroutable::WarmPoolMember { pool: pool.clone() });
+        }
+        match &sandbox.readiness {
+            Readiness::Ready => {}
+            Readiness::NotReady { reason, message } => {
+                return Err(Unroutable::NotReady {
+                    reason: reason.clone(),
+                    message: message.clone(),
+                });
+            }
+            Readiness::Unknown => {
+                return Err(Unroutable::NotReady {
+                    reason: String::new(),
+                    message: String::new(),
+                });
+            }
+        }
+        let pod_name = sandbox.pod_name.as_deref().unwrap_or(name);
+        let Some(pod) = self.pods.get(namespace).and_then(|m| m.get(pod_name)) else {
+            return Err(Unroutable::NoPod {
+                pod: pod_name.to_owned(),
+            });
+        };
+        if pod.controller_uid.as_deref() != Some(sandbox.uid.as_str())
+            || pod.name_hash.as_deref() != Some(name_hash(name).as_str())
+        {
+            return Err(Unroutable::PodNotControlled {
+                pod: pod_name.to_owned(),
+            });
+        }
+        if pod.terminating {
+            return Err(Unroutable::PodTerminating {
+                pod: pod_name.to_owned(),
+            });
+        }
+        if pod.ips.is_empty() {
+            return Err(Unroutable::NoPodIp {
+                pod: pod_name.to_owned(),
+            });
+        }
+        let mut ports = pod.ports.clone();
+        if let Err(at) = ports.binary_search(&RUNTIME_PORT) {
+            ports.insert(at, RUNTIME_PORT);
+        }
+        Ok(Backend {
+            uid: sandbox.uid.clone(),
+            pod: pod_name.to_owned(),
+            ips: pod.ips.clone(),
+            ports,
+        })
+    }
+}
+
+fn count<V>(map: &HashMap<String, HashMap<String, V>>) -> usize {
+    map.values().map(HashMap::len).sum()
+}
+
+fn remove<V>(map: &mut HashMap<String, HashMap<String, V>>, namespace: &str, name: &str) {
+    if let Some(names) = map.get_mut(namespace) {
+        names.remove(name);
+        if names.is_empty() {
+            map.remove(namespace);
+        }
+    }
+}
+
+fn namespace_and_name(meta: &ObjectMeta) -> Option<(String, String)> {
+    Some((meta.namespace.clone()?, meta.name.clone()?))
+}
+
+fn controller(meta: &ObjectMeta) -> Option<&OwnerReference> {
+    meta.owner_references
+        .as_deref()?
+        .iter()
+        .find(|owner| owner.controller == Some(true))
+}
+
+/// The summary of a Sandbox; `None` for an object without namespace, name or UID.
+pub(crate) fn sandbox_entry(sandbox: &Sandbox) -> Option<(String, String, SandboxEntry)> {
+    let (namespace, name) = namespace_and_name(&sandbox.metadata)?;
+    let uid = sandbox.metadata.uid.clone()?;
+    let pod_name = sandbox
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(annotations::POD_NAME))
+        .filter(|value| !value.is_empty())
+        .cloned();
+    let warm_pool = controller(&sandbox.metadata)
+        .filter(|owner| owner.kind == WARM_POOL_KIND)
+        .map(|owner| owner.name.clone());
+    let readiness = sandbox
+        .status
+        .as_ref()
+        .and_then(|status| {
+            status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == conditions::sandbox::READY)
+        })
+        .map_or(Readiness::Unknown, |condition| {
+            if condition.status == "True" {
+                Readiness::Ready
+            } else {
+                Readiness::NotReady {
+                    reason: condition.reason.clone(),
+                    message: condition.message.clone(),
+                }
+            }
+        });
+    Some((
+        namespace,
+        name,
+        SandboxEntry {
+            uid,
+            pod_name,
+            readiness,
+            warm_pool,
+        },
+    ))
+}
+
+fn declared_ports<'a>(containers: impl IntoIterator<Item = &'a Container>) -> Vec<u16> {
+    containers
+        .into_iter()
+        .flat_map(|c| c.ports.iter().flatten())
+        .filter_map(|port| u16::try_from(port.container_port).ok())
+        .filter(|port| *port > 0)
+        .collect()
+}
+
+/// The summary of a Pod; `None` for an object without namespace or name.
+pub(crate) fn pod_entry(pod: &Pod) -> Option<(String, String, PodEntry)> {
+    let (namespace, name) = namespace_and_name(&pod.metadata)?;
+    let controller_uid = controller(&pod.metadata)
+        .filter(|owner| owner.kind == SANDBOX_KIND)
+        .map(|owner| owner.uid.clone());
+    let name_hash = pod
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(labels::SANDBOX_NAME_HASH))
+        .cloned();
+    let status = pod.status.as_ref();
+    let mut ips: Vec<IpAddr> = status
+        .and_then(|s| s.pod_ips.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|ip| ip.ip.parse().ok())
+        .collect();
+    if ips.is_empty()
+        && let Some(ip) = status
+            .and_then(|s| s.pod_ip.as_deref())
+            .and_then(|ip| ip.parse().ok())
+    {
+        ips.push(ip);
+    }
+    let terminating = pod.metadata.deletion_timestamp.is_some()
+        || status
+            .and_then(|s| s.phase.as_deref())
+            .is_some_and(|phase| phase == "Succeeded" || phase == "Failed");
+    let mut ports = pod.spec.as_ref().map_or_else(Vec::new, |spec| {
+        let mut ports = declared_ports(&spec.containers);
+        // Native sidecars (init containers that keep running) serve like containers do.
+        ports.extend(declared_ports(
+            spec.init_containers
+                .iter()
+                .flatten()
+                .filter(|c| c.restart_policy.as_deref() == Some("Always")),
+        ));
+        ports
+    });
+    ports.sort_unstable();
+    ports.dedup();
+    Some((
+        namespace,
+        name,
+        PodEntry {
+            controller_uid,
+            name_hash,
+            ips,
+            ports,
+            terminating,
+        },
+    ))
+}
+
+/// The index shared between the watchers (writers) and the proxy (readers).
+///
+/// Clones share one index. Lookups take the read lock for the time of one hash lookup.
+#[derive(Debug, Clone, Default)]
+pub struct SharedIndex(Arc<RwLock<Index>>);
+
+impl SharedIndex {
+    /// An empty, unsynced index.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Wraps an index built beforehand.
+    pub fn from_index(index: Index) -> Self {
+        Self(Arc::new(RwLock::new(index)))
+    }
+
+    /// Read access. A writer that panicked cannot have left a summary half-written (each update
+    /// is a single map operation), so a poisoned lock is used as is.
+    pub fn read(&self) -> RwLockReadGuard<'_, Index> {
+        self.0.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Write access (see [`Self::read`] on poisoning).
+    pub fn write(&self) -> RwLockWriteGuard<'_, Index> {
+        self.0.write().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+    use agent_sandbox_api::SandboxStatus;
+    use k8s_openapi::api::core::v1::{ContainerPort, PodIP, PodSpec, PodStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    use pretty_assertions::assert_eq;
+
+    fn owner(kind: &str, name: &str, uid: &str) -> OwnerReference {
+        OwnerReference {
+            api_version: "agents.x-k8s.io/v1beta1".to_owned(),
+            kind: kind.to_owned(),
+            name: name.to_owned(),
+            uid: uid.to_owned(),
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        }
+    }
+
+    fn ready(status: &str, reason: &str, message: &str) -> Condition {
+        Condition {
+            type_: "Ready".to_owned(),
+            status: status.to_owned(),
+            reason: reason.to_owned(),
+            message: message.to_owned(),
+            last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+            observed_generation: Some(1),
+        }
+    }
+
+    fn sandbox(name: &str) -> Sandbox {
+        let mut sandbox = Sandbox::new(name, Default::default());
+        sandbox.metadata.namespace = Some("default".to_owned());
+        sandbox.metadata.uid = Some(format!("uid-{name}"));
+        sandbox.status = Some(SandboxStatus {
+            conditions: vec![ready("True", "DependenciesReady", "")],
+            ..SandboxStatus::default()
+        });
+        sandbox
+    }
+
+    fn pod_of(sandbox: &Sandbox, ip: &str) -> Pod {
+        let name = sandbox.metadata.name.clone().unwrap();
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                namespace: sandbox.metadata.namespace.clone(),
+                labels: Some(
+                    [(labels::SANDBOX_NAME_HASH.to_owned(), name_hash(&name))]
+                        .into_iter()
+                        .collect(),
+                ),
+                owner_references: Some(vec![owner(
+                    "Sandbox",
+                    &name,
+                    sandbox.metadata.uid.as_deref().unwrap(),
+                )]),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodSpec {
+                containers: vec![Container {
+                    name: "runtime".to_owned(),
+                    ports: Some(vec![
+                        ContainerPort {
+                            container_port: 9000,
+                            ..ContainerPort::default()
+                        },
+                        ContainerPort {
+                            container_port: 8888,
+                            ..ContainerPort::default()
+                        },
+                    ]),
+                    ..Container::default()
+                }],
+                init_containers: Some(vec![
+                    Container {
+                        name: "sidecar".to_owned(),
+                        restart_policy: Some("Always".to_owned()),
+                        ports: Some(vec![ContainerPort {
+                            container_port: 7000,
+                            ..ContainerPort::default()
+                        }]),
+                        ..Container::default()
+                    },
+                    Container {
+                        name: "init".to_owned(),
+                        ports: Some(vec![ContainerPort {
+                            container_port: 6000,
+                            ..ContainerPort::default()
+                        }]),
+                        ..Container::default()
+                    },
+                ]),
+                ..PodSpec::default()
+            }),
+            status: Some(PodStatus {
+                phase: Some("Running".to_owned()),
+                pod_ip: Some(ip.to_owned()),
+                pod_ips: Some(vec![PodIP { ip: ip.to_owned() }]),
+                ..PodStatus::default()
+            }),
+        }
+    }
+
+    fn synced() -> Index {
+        let mut index = Index::new();
+        index.reset_sandboxes([]);
+        index.reset_pods([]);
+        index
+    }
+
+    #[test]
+    fn a_ready_sandbox_with_its_pod_resolves() {
+        let mut index = synced();
+        let sandbox = sandbox("box");
+        index.apply_sandbox(&sandbox);
+        index.apply_pod(&pod_of(&sandbox, "10.0.0.5"));
+        assert_eq!(
+            index.resolve("default", "box"),
+            Ok(Backend {
+                uid: "uid-box".to_owned(),
+                pod: "box".to_owned(),
+                ips: vec!["10.0.0.5".parse().unwrap()],
+                ports: vec![7000, 8888, 9000],
+            })
+        );
+        assert_eq!(index.len(), (1, 1));
+        assert_eq!(
+            index.resolve("other", "box"),
+            Err(Unroutable::NotFound),
+            "namespaces are separate"
+        );
+    }
+
+    #[test]
+    fn unknown_before_and_after_sync() {
+        let mut index = Index::new();
+        assert_eq!(index.resolve("default", "x"), Err(Unroutable::NotSynced));
+        index.reset_sandboxes([]);
+        assert!(!index.is_synced());
+        assert_eq!(index.sync_state(), (true, false));
+        index.reset_pods([]);
+        assert!(index.is_synced());
+        assert_eq!(index.resolve("default", "x"), Err(Unroutable::NotFound));
+    }
+
+    #[test]
+    fn pod_name_annotation_wins() {
+        let mut index = synced();
+        let mut sandbox = sandbox("box");
+        sandbox.metadata.annotations = Some(
+            [(annotations::POD_NAME.to_owned(), "box-pod".to_owned())]
+                .into_iter()
+                .collect(),
+        );
+        let mut pod = pod_of(&sandbox, "10.0.0.6");
+        index.apply_sandbox(&sandbox);
+        index.apply_pod(&pod);
+        assert_eq!(
+            index.resolve("default", "box"),
+            Err(Unroutable::NoPod {
+                pod: "box-pod".to_owned()
+            })
+        );
+        pod.metadata.name = Some("box-pod".to_owned());
+        index.apply_pod(&pod);
+        assert_eq!(index.resolve("default", "box").unwrap().pod, "box-pod");
+    }
+
+    #[test]
+    fn warm_pool_members_are_not_routable_until_claimed() {
+        let mut index = synced();
+        let mut sandbox = sandbox("pool-abcde");
+        sandbox.metadata.owner_references =
+            Some(vec![owner("SandboxWarmPool", "pool", "uid-pool")]);
+        index.apply_sandbox(&sandbox);
+        index.apply_pod(&pod_of(&sandbox, "10.0.0.7"));
+        assert_eq!(
+            index.resolve("default", "pool-abcde"),
+            Err(Unroutable::WarmPoolMember {
+                pool: "pool".to_owned()
+            })
+        );
+        // Adoption: the claim becomes the controller.
+        sandbox.metadata.owner_references = Some(vec![owner("SandboxClaim", "claim", "uid-claim")]);
+        index.apply_sandbox(&sandbox);
+        assert!(index.resolve("default", "pool-abcde").is_ok());
+    }
+
+    #[test]
+    fn not_ready_says_why() {
+        let mut index = synced();
+        let mut sandbox = sandbox("box");
+        sandbox.status = Some(SandboxStatus {
+            conditions: vec![ready(
+                "False",
+                "DependenciesNotReady",
+                "Pod exists with phase: Pending",
+            )],
+            ..SandboxStatus::default()
+        });
+        index.apply_sandbox(&sandbox);
+        let error = index.resolve("default", "box").unwrap_err();
+        assert_eq!(
+            error.describe("default", "box"),
+            "Sandbox default/box is not Ready: DependenciesNotReady: Pod exists with phase: Pending"
+        );
+        sandbox.status = None;
+        index.apply_sandbox(&sandbox);
+        assert_eq!(
+            index
+                .resolve("default", "box")
+                .unwrap_err()
+                .describe("default", "box"),
+            "Sandbox default/box is not Ready yet (no Ready condition)."
+        );
+    }
+
+    #[test]
+    fn pods_must_belong_to_the_sandbox() {
+        let mut index = synced();
+        let sandbox = sandbox("box");
+        index.apply_sandbox(&sandbox);
+        let good = pod_of(&sandbox, "10.0.0.8");
+
+        // Controlled by another UID (a recreated sandbox's stale pod).
+        let mut stranger = good.clone();
+        stranger.metadata.owner_references = Some(vec![owner("Sandbox", "box", "uid-old")]);
+        index.apply_pod(&stranger);
+        assert_eq!(
+            index.resolve("default", "box"),
+            Err(Unroutable::PodNotControlled {
+                pod: "box".to_owned()
+            })
+        );
+        // Owned but not as controller.
+        let mut weak = good.clone();
+        weak.metadata.owner_references.as_mut().unwrap()[0].controller = None;
+        index.apply_pod(&weak);
+        assert!(matches!(
+            index.resolve("default", "box"),
+            Err(Unroutable::PodNotControlled { .. })
+        ));
+        // Wrong name hash.
+        let mut mislabelled = good.clone();
+        mislabelled.metadata.labels = Some(
+            [(labels::SANDBOX_NAME_HASH.to_owned(), "00000000".to_owned())]
+                .into_iter()
+                .collect(),
+        );
+        index.apply_pod(&mislabelled);
+        assert!(matches!(
+            index.resolve("default", "box"),
+            Err(Unroutable::PodNotControlled { .. })
+        ));
+        // Terminating, then without IP.
+        let mut terminating = good.clone();
+        terminating.metadata.deletion_timestamp =
+            Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+        index.apply_pod(&terminating);
+        assert!(matches!(
+            index.resolve("default", "box"),
+            Err(Unroutable::PodTerminating { .. })
+        ));
+        let mut pending = good.clone();
+        pending.status = Some(PodStatus::default());
+        index.apply_pod(&pending);
+        assert!(matches!(
+            index.resolve("default", "box"),
+            Err(Unroutable::NoPodIp { .. })
+        ));
+        index.apply_pod(&good);
+        assert!(index.resolve("default", "box").is_ok());
+    }
+
+    #[test]
+    fn deletes_and_resets() {
+        let mut index = synced();
+        let a = sandbox("a");
+        let b = sandbox("b");
+        index.apply_sandbox(&a);
+        index.apply_pod(&pod_of(&a, "10.0.0.1"));
+        index.delete_pod("default", "a");
+        assert!(matches!(
+            index.resolve("default", "a"),
+            Err(Unroutable::NoPod { .. })
+        ));
+        index.delete_sandbox("default", "a");
+        assert_eq!(index.resolve("default", "a"), Err(Unroutable::NotFound));
+        assert!(index.is_empty());
+
+        index.apply_sandbox(&a);
+        index.reset_sandboxes([&b]);
+        index.reset_pods([&pod_of(&b, "10.0.0.2")]);
+        assert_eq!(index.resolve("default", "a"), Err(Unroutable::NotFound));
+        assert!(index.resolve("default", "b").is_ok());
+        assert_eq!(index.len(), (1, 1));
+    }
+
+    #[test]
+    fn dual_stack_and_legacy_pod_ip() {
+        let mut index = synced();
+        let sandbox = sandbox("box");
+        index.apply_sandbox(&sandbox);
+        let mut pod = pod_of(&sandbox, "10.0.0.9");
+        pod.status.as_mut().unwrap().pod_ips = Some(vec![
+            PodIP {
+                ip: "10.0.0.9".to_owned(),
+            },
+            PodIP {
+                ip: "fd00::9".to_owned(),
+            },
+        ]);
+        index.apply_pod(&pod);
+        assert_eq!(
+            index.resolve("default", "box").unwrap().ips,
+            vec![
+                "10.0.0.9".parse::<IpAddr>().unwrap(),
+                "fd00::9".parse().unwrap()
+            ]
+        );
+        pod.status.as_mut().unwrap().pod_ips = None;
+        index.apply_pod(&pod);
+        assert_eq!(
+            index.resolve("default", "box").unwrap().ips,
+            vec!["10.0.0.9".parse::<IpAddr>().unwrap()]
+        );
+    }
+
+    #[test]
+    fn objects_without_identity_are_ignored() {
+        let mut index = synced();
+        let mut nameless = sandbox("x");
+        nameless.metadata.uid = None;
+        index.apply_sandbox(&nameless);
+        let mut pod = pod_of(&sandbox("y"), "10.0.0.1");
+        pod.metadata.namespace = None;
+        index.apply_pod(&pod);
+        assert!(index.is_empty());
+    }
+}

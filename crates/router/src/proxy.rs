@@ -1,0 +1,411 @@
+//! The request path: probes and metrics, then for every other request limits → routing headers
+//! → authorization → index → target → forward with a deadline → stream the answer back (or
+//! relay an upgraded connection). The decisions are the sans-IO functions of `headers`, `auth`,
+//! `index` and `route`; this module does the IO around them.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use agent_sandbox_api::wire::headers as wire;
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode, Uri, Version, header};
+use hyper::body::Incoming;
+use hyper::upgrade::OnUpgrade;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::auth::authorize;
+use crate::body::{Finish, Outcome, RequestBody, ResponseBody};
+use crate::config::{Auth, Config};
+use crate::connector::Connector;
+use crate::headers::{
+    deadline, head_bytes, inbound_response_headers, is_upgrade, outbound_headers, parse_routing,
+};
+use crate::index::SharedIndex;
+use crate::metrics::Metrics;
+use crate::reject::{Rejection, json_response};
+use crate::route;
+
+/// Idle pooled connections kept per pod.
+const POOL_MAX_IDLE_PER_HOST: usize = 32;
+
+/// Everything a request needs; shared by all connections.
+#[derive(Debug)]
+pub(crate) struct Proxy {
+    index: SharedIndex,
+    auth: Auth,
+    max_timeout: Duration,
+    max_body_bytes: u64,
+    max_header_bytes: usize,
+    access_log: bool,
+    client: Client<Connector, RequestBody>,
+    metrics: Arc<Metrics>,
+    /// Upgraded connections being relayed; waited for on shutdown.
+    pub(crate) tunnels: TaskTracker,
+    /// Cancelled when the shutdown grace period is over: open tunnels are closed.
+    pub(crate) stop: CancellationToken,
+    /// Set once shutdown began: `/readyz` answers 503 so that load balancers stop sending.
+    pub(crate) draining: AtomicBool,
+}
+
+impl Proxy {
+    pub(crate) fn new(config: &Config, index: SharedIndex) -> Self {
+        let metrics = Arc::new(Metrics::new());
+        let connector = Connector::new(
+            config.connect_timeout,
+            config.connect_retries,
+            Arc::clone(&metrics),
+        );
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(config.pool_idle_timeout)
+            .pool_timer(TokioTimer::new())
+            .pool_max_idle_per_host(POOL_MAX_IDLE_PER_HOST)
+            .set_host(true)
+            .build(connector);
+        Self {
+            index,
+            auth: config.auth.clone(),
+            max_timeout: config.max_timeout,
+            max_body_bytes: config.max_body_bytes,
+            max_header_bytes: config.max_header_bytes,
+            access_log: config.access_log,
+            client,
+            metrics,
+            tunnels: TaskTracker::new(),
+            stop: CancellationToken::new(),
+            draining: AtomicBool::new(false),
+        }
+    }
+
+    /// The `--auth` mode, for the startup log.
+    pub(crate) fn auth_mode(&self) -> &'static str {
+        self.auth.mode()
+    }
+
+    /// Answers one request; never fails (refusals are JSON answers).
+    pub(crate) async fn handle(
+        self: Arc<Self>,
+        mut request: Request<Incoming>,
+        peer: SocketAddr,
+    ) -> Response<ResponseBody> {
+        if !request.headers().contains_key(wire::SANDBOX_ID)
+            && let Some(response) = self.operations(&request)
+        {
+            return response;
+        }
+        let client_upgrade =
+            is_upgrade(request.headers()).then(|| hyper::upgrade::on(&mut request));
+        let (parts, body) = request.into_parts();
+        let mut finish = Finish::new(Arc::clone(&self.metrics), &parts, peer, self.access_log);
+        let mut response = match self
+            .forward(parts, body, peer, client_upgrade, &mut finish)
+            .await
+        {
+            Ok(response) => response,
+            Err(rejection) => {
+                finish.reason = rejection.reason;
+                if matches!(
+                    rejection.reason,
+                    "connect" | "timeout" | "upstream" | "too_large" | "client"
+                ) {
+                    self.metrics.upstream_error(rejection.reason);
+                }
+                if rejection.status.is_server_error() {
+                    tracing::warn!(sandbox = finish.sandbox.as_deref().unwrap_or("-"),
+                        status = rejection.status.as_u16(), detail = %rejection.detail,
+                        "request failed");
+                }
+                rejection.into_response()
+            }
+        };
+        finish.status = response.status().as_u16();
+        response.body_mut().finish_with(finish);
+        response
+    }
+
+    /// `/healthz`, `/readyz` and `/metrics` for requests that name no sandbox.
+    fn operations(&self, request: &Request<Incoming>) -> Option<Response<ResponseBody>> {
+        if !matches!(*request.method(), Method::GET | Method::HEAD) {
+            return None;
+        }
+        let ok = || serde_json::json!({"status": "ok"});
+        match request.uri().path() {
+            "/healthz" => Some(json_response(StatusCode::OK, &ok(), false)),
+            "/readyz" => {
+                let (sandboxes, pods) = self.index.read().sync_state();
+                if self.draining.load(Ordering::Relaxed) {
+                    Some(json_response(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        &serde_json::json!({"detail": "The router is shutting down."}),
+                        false,
+                    ))
+                } else if sandboxes && pods {
+                    Some(json_response(StatusCode::OK, &ok(), false))
+                } else {
+                    Some(json_response(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        &serde_json::json!({"detail": format!(
+                            "The router's index has not synced yet (sandboxes listed: {sandboxes}, \
+                             pods listed: {pods})."
+                        )}),
+                        false,
+                    ))
+                }
+            }
+            "/metrics" => {
+                let mut response =
+                    Response::new(ResponseBody::full(Bytes::from(self.metrics.encode())));
+                response.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static(
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    ),
+                );
+                Some(response)
+            }
+            _ => None,
+        }
+    }
+
+    async fn forward(
+        &self,
+        parts: http::request::Parts,
+        body: Incoming,
+        peer: SocketAddr,
+        client_upgrade: Option<OnUpgrade>,
+        finish: &mut Finish,
+    ) -> Result<Response<ResponseBody>, Rejection> {
+        let head = head_bytes(&parts.method, &parts.uri, &parts.headers);
+        if head > self.max_header_bytes {
+            return Err(Rejection::new(
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "headers_too_large",
+                format!(
+                    "Request line and headers are {head} bytes; the router accepts at most {}{}.",
+                    self.max_header_bytes,
+                    parts
+                        .headers
+                        .get(wire::SANDBOX_ID)
+                        .and_then(|v| v.to_str().ok())
+                        .map(|id| format!(" (sandbox {})", crate::reject::shown(id)))
+                        .unwrap_or_default()
+                ),
+            ));
+        }
+        let routing = parse_routing(&parts.headers)?;
+        let sandbox = routing.sandbox();
+        finish.sandbox = Some(sandbox.clone());
+        if parts.method == Method::CONNECT {
+            return Err(Rejection::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method",
+                format!("CONNECT is not proxied (sandbox {sandbox})."),
+            ));
+        }
+        if let Some(length) = content_length(&parts.headers)
+            && length > self.max_body_bytes
+        {
+            return Err(self.too_large(&sandbox));
+        }
+        authorize(
+            &self.auth,
+            &parts.headers,
+            &routing.namespace,
+            &routing.id,
+            unix_now(),
+        )?;
+        let backend = self
+            .index
+            .read()
+            .resolve(&routing.namespace, &routing.id)
+            .map_err(|why| route::unroutable(&routing, &why))?;
+        let addr = route::target(&routing, &backend)?;
+
+        let timeout = deadline(routing.timeout, self.max_timeout);
+        let deadline_at = tokio::time::Instant::now() + timeout;
+        let path = parts
+            .uri
+            .path_and_query()
+            .map_or("/", http::uri::PathAndQuery::as_str);
+        let uri: Uri = format!("http://{addr}{path}").parse().map_err(|_| {
+            Rejection::bad_request(format!("Invalid request target for sandbox {sandbox}."))
+        })?;
+        let (body, flags) = RequestBody::new(body, self.max_body_bytes);
+        let mut outbound = Request::new(body);
+        *outbound.method_mut() = parts.method.clone();
+        *outbound.uri_mut() = uri;
+        *outbound.version_mut() = Version::HTTP_11;
+        *outbound.headers_mut() =
+            outbound_headers(&parts.headers, client_upgrade.is_some(), peer.ip());
+
+        let sent = tokio::time::timeout_at(deadline_at, self.client.request(outbound)).await;
+        let mut response = match sent {
+            Err(_) => {
+                return Err(Rejection::new(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "timeout",
+                    format!(
+                        "Timed out waiting for the backend sandbox {sandbox}: no answer within \
+                         {}.",
+                        seconds(timeout)
+                    ),
+                ));
+            }
+            Ok(Err(error)) => {
+                return Err(if flags.too_large() {
+                    self.too_large(&sandbox)
+                } else if flags.client_failed() {
+                    Rejection::new(
+                        StatusCode::BAD_REQUEST,
+                        "client",
+                        format!("Reading the request body for sandbox {sandbox} failed."),
+                    )
+                } else if error.is_connect() {
+                    Rejection::new(
+                        StatusCode::BAD_GATEWAY,
+                        "connect",
+                        format!(
+                            "Could not connect to the backend sandbox {sandbox}: {}",
+                            chain(&error)
+                        ),
+                    )
+                } else {
+                    // The request (or part of it) may have reached the sandbox: never replayed.
+                    Rejection::new(
+                        StatusCode::BAD_GATEWAY,
+                        "upstream",
+                        format!(
+                            "The backend sandbox {sandbox} failed to answer{}: {}",
+                            if flags.started() {
+                                " after receiving the request"
+                            } else {
+                                ""
+                            },
+                            chain(&error)
+                        ),
+                    )
+                });
+            }
+            Ok(Ok(response)) => response,
+        };
+
+        let switching = response.status() == StatusCode::SWITCHING_PROTOCOLS;
+        if switching {
+            let Some(client_upgrade) = client_upgrade else {
+                return Err(Rejection::new(
+                    StatusCode::BAD_GATEWAY,
+                    "upstream",
+                    format!(
+                        "The backend sandbox {sandbox} switched protocols without being asked to."
+                    ),
+                ));
+            };
+            let upstream_upgrade = hyper::upgrade::on(&mut response);
+            self.relay(client_upgrade, upstream_upgrade, sandbox);
+            finish.outcome = Outcome::Upgraded;
+        }
+        let (mut parts, body) = response.into_parts();
+        inbound_response_headers(&mut parts.headers, switching);
+        // An upgraded exchange outlives the request deadline: the tunnel is long-lived by design.
+        let body = ResponseBody::upstream(body, (!switching).then_some(deadline_at));
+        Ok(Response::from_parts(parts, body))
+    }
+
+    fn too_large(&self, sandbox: &str) -> Rejection {
+        Rejection::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!(
+                "Request body for sandbox {sandbox} exceeds the router's limit of {} bytes.",
+                self.max_body_bytes
+            ),
+        )
+    }
+
+    /// Relays an upgraded connection both ways until either side closes or the router stops.
+    fn relay(&self, client: OnUpgrade, upstream: OnUpgrade, sandbox: String) {
+        let metrics = Arc::clone(&self.metrics);
+        let stop = self.stop.clone();
+        self.tunnels.spawn(async move {
+            metrics.tunnel_opened();
+            let relayed = async {
+                let (client, upstream) = tokio::try_join!(client, upstream)
+                    .map_err(|error| std::io::Error::other(chain(&error)))?;
+                let mut client = TokioIo::new(client);
+                let mut upstream = TokioIo::new(upstream);
+                tokio::io::copy_bidirectional(&mut client, &mut upstream).await
+            };
+            tokio::select! {
+                result = relayed => match result {
+                    Ok((to_sandbox, to_client)) => tracing::debug!(%sandbox, to_sandbox,
+                        to_client, "tunnel closed"),
+                    Err(error) => tracing::debug!(%sandbox, %error, "tunnel ended with an error"),
+                },
+                () = stop.cancelled() => tracing::info!(%sandbox, "tunnel closed by shutdown"),
+            }
+            metrics.tunnel_closed();
+        });
+    }
+}
+
+fn content_length(headers: &http::HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+fn seconds(duration: Duration) -> String {
+    let value = duration.as_secs_f64();
+    if value.fract() == 0.0 {
+        format!("{value:.0}s")
+    } else {
+        format!("{value:.3}s")
+    }
+}
+
+/// An error and its sources, `a: b: c`, for details and logs.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seconds_are_short() {
+        assert_eq!(seconds(Duration::from_secs(5)), "5s");
+        assert_eq!(seconds(Duration::from_millis(1500)), "1.500s");
+    }
+
+    #[test]
+    fn error_chains_skip_repeats() {
+        let inner = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let outer = std::io::Error::other(inner);
+        assert_eq!(chain(&outer), "refused");
+    }
+}
