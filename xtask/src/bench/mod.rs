@@ -8,6 +8,7 @@
 
 mod api;
 mod report;
+mod router;
 mod runtime;
 mod sim;
 mod stats;
@@ -45,6 +46,7 @@ fn cases() -> Vec<Case> {
     let mut cases = Vec::new();
     cases.extend(api::cases());
     cases.extend(runtime::cases());
+    cases.extend(router::cases());
     cases.extend(sim::cases());
     cases
 }
