@@ -235,38 +235,42 @@ async fn fake_api(runtime: SocketAddr) -> Result<(SocketAddr, tokio::task::JoinH
         while let Ok((stream, _)) = listener.accept().await {
             let (sandboxes, pods) = (sandboxes.clone(), pods.clone());
             tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
-                    let (sandboxes, pods) = (sandboxes.clone(), pods.clone());
-                    async move {
-                        let watching = request.uri().query().unwrap_or("").contains("watch=");
-                        let path = request.uri().path();
-                        let list = if path.ends_with("/sandboxes") {
-                            Some(sandboxes)
-                        } else if path.ends_with("/pods") {
-                            Some(pods)
-                        } else {
-                            None
-                        };
-                        let body: ApiBody = match (list, watching) {
-                            (Some(_), true) => StreamBody::new(futures_util::stream::pending::<
-                                Result<Frame<Bytes>, Infallible>,
-                            >())
-                            .boxed_unsync(),
-                            (Some(list), false) => Full::new(Bytes::from(list)).boxed_unsync(),
-                            (None, _) => {
-                                let mut response = Response::new(Full::new(Bytes::new()).boxed_unsync());
-                                *response.status_mut() = StatusCode::NOT_FOUND;
-                                return Ok::<_, Infallible>(response);
-                            }
-                        };
-                        let mut response = Response::new(body);
-                        response.headers_mut().insert(
-                            "content-type",
-                            hyper::header::HeaderValue::from_static("application/json"),
-                        );
-                        Ok(response)
-                    }
-                });
+                let service =
+                    hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
+                        let (sandboxes, pods) = (sandboxes.clone(), pods.clone());
+                        async move {
+                            let watching = request.uri().query().unwrap_or("").contains("watch=");
+                            let path = request.uri().path();
+                            let list = if path.ends_with("/sandboxes") {
+                                Some(sandboxes)
+                            } else if path.ends_with("/pods") {
+                                Some(pods)
+                            } else {
+                                None
+                            };
+                            let body: ApiBody = match (list, watching) {
+                                (Some(_), true) => {
+                                    StreamBody::new(futures_util::stream::pending::<
+                                        Result<Frame<Bytes>, Infallible>,
+                                    >())
+                                    .boxed_unsync()
+                                }
+                                (Some(list), false) => Full::new(Bytes::from(list)).boxed_unsync(),
+                                (None, _) => {
+                                    let mut response =
+                                        Response::new(Full::new(Bytes::new()).boxed_unsync());
+                                    *response.status_mut() = StatusCode::NOT_FOUND;
+                                    return Ok::<_, Infallible>(response);
+                                }
+                            };
+                            let mut response = Response::new(body);
+                            response.headers_mut().insert(
+                                "content-type",
+                                hyper::header::HeaderValue::from_static("application/json"),
+                            );
+                            Ok(response)
+                        }
+                    });
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(stream), service)
                     .await;
@@ -347,7 +351,11 @@ fn load(
     let latencies = rt.block_on(async {
         let mut tasks = Vec::new();
         for _ in 0..concurrency {
-            tasks.push(tokio::spawn(execute_loop(addr, headers.to_vec(), per_client)));
+            tasks.push(tokio::spawn(execute_loop(
+                addr,
+                headers.to_vec(),
+                per_client,
+            )));
         }
         let mut all = Vec::new();
         for task in tasks {

@@ -8,13 +8,12 @@
 
 pub mod fake_api;
 
-use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use agent_sandbox_api::{Sandbox, SandboxStatus, labels, name_hash};
@@ -37,63 +36,11 @@ pub const RUNTIME_PORT: u16 = 8888;
 // ---------------------------------------------------------------------------------------------
 // Binaries and addresses
 
-/// Builds `bin` of workspace package `package` once per test process, into this test binary's
-/// own target directory and profile, and returns its path.
-pub fn workspace_binary(package: &str, bin: &str) -> PathBuf {
-    static BUILT: OnceLock<Mutex<HashMap<String, PathBuf>>> = OnceLock::new();
-    let mut built = BUILT
-        .get_or_init(Mutex::default)
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner);
-    if let Some(path) = built.get(bin) {
-        return path.clone();
-    }
-    // A test binary lives in <target>/<profile>/deps/.
-    let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().unwrap().parent().unwrap().to_path_buf();
-    let target = profile_dir.parent().unwrap().to_path_buf();
-    let profile = profile_dir
-        .file_name()
-        .unwrap()
-        .to_str()
-        .unwrap()
-        .to_owned();
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut command = Command::new(cargo);
-    command
-        .args([
-            "build",
-            "--quiet",
-            "-p",
-            package,
-            "--bin",
-            bin,
-            "--target-dir",
-        ])
-        .arg(&target)
-        .current_dir(env!("CARGO_MANIFEST_DIR"));
-    match profile.as_str() {
-        "debug" => {}
-        "release" => {
-            command.arg("--release");
-        }
-        other => {
-            command.args(["--profile", other]);
-        }
-    }
-    let status = command.status().unwrap();
-    assert!(
-        status.success(),
-        "cargo build -p {package} --bin {bin}: {status}"
-    );
-    let path = profile_dir.join(bin);
-    built.insert(bin.to_owned(), path.clone());
-    path
-}
-
-/// The `sandbox-runtime` binary.
+/// The `sandbox-runtime` binary, built (once per test process) into this test's target
+/// directory and profile.
 pub fn runtime_binary() -> PathBuf {
-    workspace_binary("agent-sandbox-runtime", "sandbox-runtime")
+    agent_sandbox_sim::test_support::workspace_binary("agent-sandbox-runtime", "sandbox-runtime")
+        .unwrap()
 }
 
 /// A fresh, hardly-ever-reused loopback address in 127.64.0.0 - 127.253.255.254: several test
