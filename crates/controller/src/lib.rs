@@ -1,0 +1,2 @@
+//! The agent-sandbox controller.
+pub mod decide;
