@@ -59,7 +59,13 @@ pub fn controller_reference<K: Resource<DynamicType = ()>>(owner: &K) -> OwnerRe
 }
 
 /// A condition with the given fields (its transition time is set by [`set_condition`]).
-pub fn condition(type_: &str, status: bool, reason: &str, message: impl Into<String>, generation: Option<i64>) -> Condition {
+pub fn condition(
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: impl Into<String>,
+    generation: Option<i64>,
+) -> Condition {
     Condition {
         type_: type_.to_owned(),
         status: if status { "True" } else { "False" }.to_owned(),
@@ -74,7 +80,10 @@ pub fn condition(type_: &str, status: bool, reason: &str, message: impl Into<Str
 /// moves to `now` only when the status changes (or the condition is new); reason, message and
 /// observed generation are always updated.
 pub fn set_condition(conditions: &mut Vec<Condition>, mut new: Condition, now: Timestamp) {
-    match conditions.iter_mut().find(|existing| existing.type_ == new.type_) {
+    match conditions
+        .iter_mut()
+        .find(|existing| existing.type_ == new.type_)
+    {
         Some(existing) => {
             if existing.status != new.status {
                 existing.status = new.status;
@@ -173,7 +182,9 @@ pub(crate) mod fixtures {
                 uid: Some(format!("uid-{name}")),
                 generation: Some(1),
                 resource_version: Some("7".into()),
-                creation_timestamp: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now())),
+                creation_timestamp: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    now(),
+                )),
                 ..ObjectMeta::default()
             },
             spec: SandboxSpec {
@@ -200,13 +211,25 @@ mod tests {
         let t0: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
         let t1: Timestamp = "2026-01-01T00:01:00Z".parse().unwrap();
         let mut conditions = Vec::new();
-        set_condition(&mut conditions, condition("Ready", false, "A", "a", Some(1)), t0);
-        set_condition(&mut conditions, condition("Ready", false, "B", "b", Some(2)), t1);
+        set_condition(
+            &mut conditions,
+            condition("Ready", false, "A", "a", Some(1)),
+            t0,
+        );
+        set_condition(
+            &mut conditions,
+            condition("Ready", false, "B", "b", Some(2)),
+            t1,
+        );
         assert_eq!(conditions.len(), 1);
         assert_eq!(conditions[0].last_transition_time, Time(t0));
         assert_eq!(conditions[0].reason, "B");
         assert_eq!(conditions[0].observed_generation, Some(2));
-        set_condition(&mut conditions, condition("Ready", true, "C", "c", Some(2)), t1);
+        set_condition(
+            &mut conditions,
+            condition("Ready", true, "C", "c", Some(2)),
+            t1,
+        );
         assert_eq!(conditions[0].last_transition_time, Time(t1));
         assert!(is_condition_true(&conditions, "Ready"));
         remove_condition(&mut conditions, "Ready");
@@ -227,7 +250,10 @@ mod tests {
         assert_eq!(ownership(&meta, "uid-a"), Ownership::Unowned);
         meta.owner_references = Some(vec![controller_reference(&owner)]);
         assert_eq!(ownership(&meta, "uid-a"), Ownership::Owned);
-        assert!(matches!(ownership(&meta, "uid-b"), Ownership::OwnedByOther(_)));
+        assert!(matches!(
+            ownership(&meta, "uid-b"),
+            Ownership::OwnedByOther(_)
+        ));
     }
 
     #[test]

@@ -56,7 +56,10 @@ impl Default for PolicySettings {
     fn default() -> Self {
         Self {
             router_namespace: agent_sandbox_api::wire::SYSTEM_NAMESPACE.to_owned(),
-            router_pod_labels: BTreeMap::from([(labels::ROUTER_APP.to_owned(), labels::ROUTER_APP_VALUE.to_owned())]),
+            router_pod_labels: BTreeMap::from([(
+                labels::ROUTER_APP.to_owned(),
+                labels::ROUTER_APP_VALUE.to_owned(),
+            )]),
             allow_cluster_dns: false,
             dns_namespace: "kube-system".to_owned(),
             dns_pod_labels: BTreeMap::from([("k8s-app".to_owned(), "kube-dns".to_owned())]),
@@ -66,12 +69,18 @@ impl Default for PolicySettings {
 
 /// Name of the template's policy.
 pub fn policy_name(template: &SandboxTemplate) -> String {
-    format!("{}-network-policy", template.metadata.name.as_deref().unwrap_or_default())
+    format!(
+        "{}-network-policy",
+        template.metadata.name.as_deref().unwrap_or_default()
+    )
 }
 
 fn namespace_selector(namespace: &str) -> LabelSelector {
     LabelSelector {
-        match_labels: Some(BTreeMap::from([(labels::NAMESPACE_NAME.to_owned(), namespace.to_owned())])),
+        match_labels: Some(BTreeMap::from([(
+            labels::NAMESPACE_NAME.to_owned(),
+            namespace.to_owned(),
+        )])),
         match_expressions: None,
     }
 }
@@ -87,7 +96,9 @@ fn ip_block(cidr: &str, except: &[&str]) -> NetworkPolicyPeer {
 }
 
 /// The secure default ingress and egress rules.
-pub fn default_rules(settings: &PolicySettings) -> (Vec<NetworkPolicyIngressRule>, Vec<NetworkPolicyEgressRule>) {
+pub fn default_rules(
+    settings: &PolicySettings,
+) -> (Vec<NetworkPolicyIngressRule>, Vec<NetworkPolicyEgressRule>) {
     let ingress = vec![NetworkPolicyIngressRule {
         from: Some(vec![NetworkPolicyPeer {
             namespace_selector: Some(namespace_selector(&settings.router_namespace)),
@@ -100,7 +111,10 @@ pub fn default_rules(settings: &PolicySettings) -> (Vec<NetworkPolicyIngressRule
         ports: None,
     }];
     let mut egress = vec![NetworkPolicyEgressRule {
-        to: Some(vec![ip_block("0.0.0.0/0", &DENIED_IPV4), ip_block("::/0", &DENIED_IPV6)]),
+        to: Some(vec![
+            ip_block("0.0.0.0/0", &DENIED_IPV4),
+            ip_block("::/0", &DENIED_IPV6),
+        ]),
         ports: None,
     }];
     if settings.allow_cluster_dns {
@@ -126,13 +140,19 @@ pub fn default_rules(settings: &PolicySettings) -> (Vec<NetworkPolicyIngressRule
 
 /// The policy the template needs, or `None` when it is `Unmanaged` (then an owned policy is
 /// deleted and any other left alone).
-pub fn desired_policy(template: &SandboxTemplate, settings: &PolicySettings) -> Option<NetworkPolicy> {
+pub fn desired_policy(
+    template: &SandboxTemplate,
+    settings: &PolicySettings,
+) -> Option<NetworkPolicy> {
     if template.spec.network_policy_management == NetworkPolicyManagement::Unmanaged {
         return None;
     }
     let template_name = template.metadata.name.as_deref().unwrap_or_default();
     let (ingress, egress) = match &template.spec.network_policy {
-        Some(user) => (user.ingress.clone().unwrap_or_default(), user.egress.clone().unwrap_or_default()),
+        Some(user) => (
+            user.ingress.clone().unwrap_or_default(),
+            user.egress.clone().unwrap_or_default(),
+        ),
         None => default_rules(settings),
     };
     Some(NetworkPolicy {
@@ -180,7 +200,10 @@ mod tests {
     #[test]
     fn secure_default_shape() {
         let policy = desired_policy(&template(), &PolicySettings::default()).unwrap();
-        assert_eq!(policy.metadata.name.as_deref(), Some("python-runtime-network-policy"));
+        assert_eq!(
+            policy.metadata.name.as_deref(),
+            Some("python-runtime-network-policy")
+        );
         let spec = serde_json::to_value(policy.spec.unwrap()).unwrap();
         assert_eq!(
             spec,
@@ -211,10 +234,17 @@ mod tests {
         let spec = policy.spec.unwrap();
         let peer = &spec.ingress.unwrap()[0].from.clone().unwrap()[0];
         assert_eq!(
-            peer.namespace_selector.clone().unwrap().match_labels.unwrap()["kubernetes.io/metadata.name"],
+            peer.namespace_selector
+                .clone()
+                .unwrap()
+                .match_labels
+                .unwrap()["kubernetes.io/metadata.name"],
             "routers"
         );
-        assert_eq!(peer.pod_selector.clone().unwrap().match_labels.unwrap()["app.kubernetes.io/name"], "router");
+        assert_eq!(
+            peer.pod_selector.clone().unwrap().match_labels.unwrap()["app.kubernetes.io/name"],
+            "router"
+        );
         let egress = spec.egress.unwrap();
         assert_eq!(egress.len(), 2);
         assert_eq!(egress[1].ports.as_ref().unwrap().len(), 2);
@@ -223,8 +253,14 @@ mod tests {
     #[test]
     fn user_rules_are_used_verbatim_and_unmanaged_means_none() {
         let mut template = template();
-        template.spec.network_policy = Some(UserRules { ingress: Some(vec![]), egress: None });
-        let spec = desired_policy(&template, &PolicySettings::default()).unwrap().spec.unwrap();
+        template.spec.network_policy = Some(UserRules {
+            ingress: Some(vec![]),
+            egress: None,
+        });
+        let spec = desired_policy(&template, &PolicySettings::default())
+            .unwrap()
+            .spec
+            .unwrap();
         assert_eq!(spec.ingress, Some(vec![]));
         assert_eq!(spec.egress, Some(vec![]));
         template.spec.network_policy_management = NetworkPolicyManagement::Unmanaged;

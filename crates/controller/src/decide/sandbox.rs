@@ -68,7 +68,11 @@ pub fn extension_pod_labels(sandbox: &Sandbox) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     if let Some((group, _)) = controller_kind(sandbox)
         && group == agent_sandbox_api::EXTENSIONS_GROUP
-        && let Some(value) = sandbox.metadata.labels.as_ref().and_then(|l| l.get(labels::SANDBOX_TEMPLATE_REF_HASH))
+        && let Some(value) = sandbox
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(labels::SANDBOX_TEMPLATE_REF_HASH))
         && !value.is_empty()
     {
         out.insert(labels::SANDBOX_TEMPLATE_REF_HASH.to_owned(), value.clone());
@@ -114,8 +118,9 @@ fn created_by(sandbox: &Sandbox) -> Option<&'static str> {
 
 /// The labels and annotations a pod of `sandbox` must carry (complete, for a new pod).
 pub fn pod_metadata(sandbox: &Sandbox) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
-    let mut pod_labels: BTreeMap<String, String> =
-        template_labels(sandbox).map(|(k, v)| (k.clone(), v.clone())).collect();
+    let mut pod_labels: BTreeMap<String, String> = template_labels(sandbox)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     let propagated_labels: Vec<&str> = template_labels(sandbox).map(|(k, _)| k.as_str()).collect();
     pod_labels.insert(labels::SANDBOX_NAME_HASH.to_owned(), sandbox_hash(sandbox));
     pod_labels.extend(extension_pod_labels(sandbox));
@@ -123,15 +128,24 @@ pub fn pod_metadata(sandbox: &Sandbox) -> (BTreeMap<String, String>, BTreeMap<St
         pod_labels.insert(labels::CREATED_BY.to_owned(), created_by.to_owned());
     }
 
-    let mut pod_annotations: BTreeMap<String, String> =
-        template_annotations(sandbox).map(|(k, v)| (k.clone(), v.clone())).collect();
-    let propagated_annotations: Vec<&str> = template_annotations(sandbox).map(|(k, _)| k.as_str()).collect();
+    let mut pod_annotations: BTreeMap<String, String> = template_annotations(sandbox)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let propagated_annotations: Vec<&str> = template_annotations(sandbox)
+        .map(|(k, _)| k.as_str())
+        .collect();
     // Keys come from BTreeMaps, so they are already sorted as upstream sorts them.
     if !propagated_labels.is_empty() {
-        pod_annotations.insert(annotations::PROPAGATED_LABELS.to_owned(), propagated_labels.join(","));
+        pod_annotations.insert(
+            annotations::PROPAGATED_LABELS.to_owned(),
+            propagated_labels.join(","),
+        );
     }
     if !propagated_annotations.is_empty() {
-        pod_annotations.insert(annotations::PROPAGATED_ANNOTATIONS.to_owned(), propagated_annotations.join(","));
+        pod_annotations.insert(
+            annotations::PROPAGATED_ANNOTATIONS.to_owned(),
+            propagated_annotations.join(","),
+        );
     }
     (pod_labels, pod_annotations)
 }
@@ -214,16 +228,28 @@ pub fn pod_metadata_patch(sandbox: &Sandbox, pod: &Pod) -> Option<Value> {
     let previously_propagated = |annotation: &str| -> Vec<String> {
         current_annotations
             .get(annotation)
-            .map(|list| list.split(',').filter(|k| !k.is_empty()).map(str::to_owned).collect())
+            .map(|list| {
+                list.split(',')
+                    .filter(|k| !k.is_empty())
+                    .map(str::to_owned)
+                    .collect()
+            })
             .unwrap_or_default()
     };
     for key in previously_propagated(annotations::PROPAGATED_LABELS) {
-        if key != labels::SANDBOX_NAME_HASH && !want_labels.contains_key(&key) && current_labels.contains_key(&key) {
+        if key != labels::SANDBOX_NAME_HASH
+            && !want_labels.contains_key(&key)
+            && current_labels.contains_key(&key)
+        {
             label_patch.insert(key, Value::Null);
         }
     }
     // Labels derived from ownership and creator follow the sandbox.
-    for key in [labels::SANDBOX_TEMPLATE_REF_HASH, labels::CREATED_BY, labels::WARM_POOL_SANDBOX] {
+    for key in [
+        labels::SANDBOX_TEMPLATE_REF_HASH,
+        labels::CREATED_BY,
+        labels::WARM_POOL_SANDBOX,
+    ] {
         if !want_labels.contains_key(key) && current_labels.contains_key(key) {
             label_patch.insert(key.to_owned(), Value::Null);
         }
@@ -239,7 +265,10 @@ pub fn pod_metadata_patch(sandbox: &Sandbox, pod: &Pod) -> Option<Value> {
             annotation_patch.insert(key, Value::Null);
         }
     }
-    for key in [annotations::PROPAGATED_LABELS, annotations::PROPAGATED_ANNOTATIONS] {
+    for key in [
+        annotations::PROPAGATED_LABELS,
+        annotations::PROPAGATED_ANNOTATIONS,
+    ] {
         if !want_annotations.contains_key(key) && current_annotations.contains_key(key) {
             annotation_patch.insert(key.to_owned(), Value::Null);
         }
@@ -320,13 +349,19 @@ pub fn desired_service(sandbox: &Sandbox) -> Service {
         metadata: ObjectMeta {
             name: sandbox.metadata.name.clone(),
             namespace: sandbox.metadata.namespace.clone(),
-            labels: Some(BTreeMap::from([(labels::SANDBOX_NAME_HASH.to_owned(), hash.clone())])),
+            labels: Some(BTreeMap::from([(
+                labels::SANDBOX_NAME_HASH.to_owned(),
+                hash.clone(),
+            )])),
             owner_references: Some(vec![controller_reference(sandbox)]),
             ..ObjectMeta::default()
         },
         spec: Some(ServiceSpec {
             cluster_ip: Some("None".to_owned()),
-            selector: Some(BTreeMap::from([(labels::SANDBOX_NAME_HASH.to_owned(), hash)])),
+            selector: Some(BTreeMap::from([(
+                labels::SANDBOX_NAME_HASH.to_owned(),
+                hash,
+            )])),
             ports: (!ports.is_empty()).then_some(ports),
             ..ServiceSpec::default()
         }),
@@ -341,8 +376,17 @@ pub fn service_drift_patch(sandbox: &Sandbox, service: &Service) -> Option<Value
     let spec = service.spec.clone().unwrap_or_default();
     let hash = sandbox_hash(sandbox);
     let mut patch = Map::new();
-    if service.metadata.labels.as_ref().and_then(|l| l.get(labels::SANDBOX_NAME_HASH)) != Some(&hash) {
-        patch.insert("metadata".into(), json!({"labels": {labels::SANDBOX_NAME_HASH: hash}}));
+    if service
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(labels::SANDBOX_NAME_HASH))
+        != Some(&hash)
+    {
+        patch.insert(
+            "metadata".into(),
+            json!({"labels": {labels::SANDBOX_NAME_HASH: hash}}),
+        );
     }
     let mut spec_patch = Map::new();
     if spec.selector != desired_spec.selector {
@@ -356,8 +400,13 @@ pub fn service_drift_patch(sandbox: &Sandbox, service: &Service) -> Option<Value
         }
         spec_patch.insert("selector".into(), Value::Object(selector));
     }
-    if sandbox.spec.blueprint.service == Some(true) && !ports_equal(spec.ports.as_deref(), desired_spec.ports.as_deref()) {
-        spec_patch.insert("ports".into(), json!(desired_spec.ports.unwrap_or_default()));
+    if sandbox.spec.blueprint.service == Some(true)
+        && !ports_equal(spec.ports.as_deref(), desired_spec.ports.as_deref())
+    {
+        spec_patch.insert(
+            "ports".into(),
+            json!(desired_spec.ports.unwrap_or_default()),
+        );
     }
     if !spec_patch.is_empty() {
         patch.insert("spec".into(), Value::Object(spec_patch));
@@ -370,7 +419,10 @@ fn ports_equal(a: Option<&[ServicePort]>, b: Option<&[ServicePort]>) -> bool {
     let b = b.unwrap_or_default();
     a.len() == b.len()
         && a.iter().zip(b).all(|(x, y)| {
-            x.name == y.name && x.protocol == y.protocol && x.port == y.port && x.target_port == y.target_port
+            x.name == y.name
+                && x.protocol == y.protocol
+                && x.port == y.port
+                && x.target_port == y.target_port
         })
 }
 
@@ -426,8 +478,11 @@ pub fn child_decision(sandbox: &Sandbox, kind: &str, child: &ObjectMeta) -> Chil
         )),
         Ownership::Unowned => {
             let child_labels = child.labels.clone().unwrap_or_default();
-            let adoptable = child_labels.get(labels::ADOPTABLE).is_some_and(|v| v == "true");
-            let tracked = child_labels.get(labels::SANDBOX_NAME_HASH) == Some(&sandbox_hash(sandbox));
+            let adoptable = child_labels
+                .get(labels::ADOPTABLE)
+                .is_some_and(|v| v == "true");
+            let tracked =
+                child_labels.get(labels::SANDBOX_NAME_HASH) == Some(&sandbox_hash(sandbox));
             if adoptable || tracked {
                 ChildDecision::Adopt
             } else {
@@ -488,7 +543,11 @@ pub fn marked_expired(sandbox: &Sandbox) -> bool {
 }
 
 /// The status after the first expiry pass: `Ready=False/SandboxExpired`, `PodScheduled` gone.
-pub fn expired_status(sandbox: &Sandbox, now: Timestamp, clear_other_fields: bool) -> SandboxStatus {
+pub fn expired_status(
+    sandbox: &Sandbox,
+    now: Timestamp,
+    clear_other_fields: bool,
+) -> SandboxStatus {
     let mut status = sandbox.status.clone().unwrap_or_default();
     if clear_other_fields {
         status = SandboxStatus {
@@ -498,7 +557,13 @@ pub fn expired_status(sandbox: &Sandbox, now: Timestamp, clear_other_fields: boo
     }
     set_condition(
         &mut status.conditions,
-        condition(cond::READY, false, cond::REASON_EXPIRED, cond::MESSAGE_EXPIRED, sandbox.metadata.generation),
+        condition(
+            cond::READY,
+            false,
+            cond::REASON_EXPIRED,
+            cond::MESSAGE_EXPIRED,
+            sandbox.metadata.generation,
+        ),
         now,
     );
     remove_condition(&mut status.conditions, cond::POD_SCHEDULED);
@@ -517,7 +582,9 @@ pub enum Problem {
 impl Problem {
     /// The message upstream writes for multiple pods.
     pub fn multiple_pods_message(count: usize) -> String {
-        format!("multiple Pods ({count}) are controlled by this Sandbox; refusing to choose or create a Pod")
+        format!(
+            "multiple Pods ({count}) are controlled by this Sandbox; refusing to choose or create a Pod"
+        )
     }
 }
 
@@ -535,7 +602,10 @@ pub struct Observed<'a> {
 }
 
 fn pod_phase(pod: &Pod) -> &str {
-    pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("Pending")
+    pod.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("Pending")
 }
 
 fn pod_ips(pod: &Pod) -> Vec<String> {
@@ -552,7 +622,10 @@ fn pod_ips(pod: &Pod) -> Vec<String> {
     ips
 }
 
-fn pod_condition<'a>(pod: &'a Pod, type_: &str) -> Option<&'a k8s_openapi::api::core::v1::PodCondition> {
+fn pod_condition<'a>(
+    pod: &'a Pod,
+    type_: &str,
+) -> Option<&'a k8s_openapi::api::core::v1::PodCondition> {
     pod.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
@@ -560,7 +633,12 @@ fn pod_condition<'a>(pod: &'a Pod, type_: &str) -> Option<&'a k8s_openapi::api::
 }
 
 /// The status a reconcile pass should write, given what it observed.
-pub fn status(sandbox: &Sandbox, observed: &Observed<'_>, cluster_domain: &str, now: Timestamp) -> SandboxStatus {
+pub fn status(
+    sandbox: &Sandbox,
+    observed: &Observed<'_>,
+    cluster_domain: &str,
+    now: Timestamp,
+) -> SandboxStatus {
     let generation = sandbox.metadata.generation;
     let mut status = sandbox.status.clone().unwrap_or_default();
     let owned_pod = observed
@@ -578,7 +656,11 @@ pub fn status(sandbox: &Sandbox, observed: &Observed<'_>, cluster_domain: &str, 
             match owned {
                 Some(pod) => {
                     status.pod_ips = pod_ips(pod);
-                    status.node_name = pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+                    status.node_name = pod
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.node_name.clone())
+                        .unwrap_or_default();
                 }
                 None => {
                     status.pod_ips.clear();
@@ -606,7 +688,13 @@ pub fn status(sandbox: &Sandbox, observed: &Observed<'_>, cluster_domain: &str, 
 
     // Suspended: always written.
     let suspended = if !suspended_mode {
-        condition(cond::SUSPENDED, false, cond::REASON_NOT_SUSPENDED, "Sandbox is not suspended", generation)
+        condition(
+            cond::SUSPENDED,
+            false,
+            cond::REASON_NOT_SUSPENDED,
+            "Sandbox is not suspended",
+            generation,
+        )
     } else if observed.pod.is_none() && observed.pod_lookup_failed {
         let mut c = condition(
             cond::SUSPENDED,
@@ -618,7 +706,13 @@ pub fn status(sandbox: &Sandbox, observed: &Observed<'_>, cluster_domain: &str, 
         c.status = "Unknown".into();
         c
     } else if observed.pod.is_none() {
-        condition(cond::SUSPENDED, true, cond::REASON_POD_TERMINATED, "Pod has been terminated. Sandbox is suspended", generation)
+        condition(
+            cond::SUSPENDED,
+            true,
+            cond::REASON_POD_TERMINATED,
+            "Pod has been terminated. Sandbox is suspended",
+            generation,
+        )
     } else if owned_pod.is_none() {
         condition(
             cond::SUSPENDED,
@@ -628,7 +722,13 @@ pub fn status(sandbox: &Sandbox, observed: &Observed<'_>, cluster_domain: &str, 
             generation,
         )
     } else {
-        condition(cond::SUSPENDED, false, cond::REASON_POD_TERMINATING, "Pod is terminating. Sandbox is suspending", generation)
+        condition(
+            cond::SUSPENDED,
+            false,
+            cond::REASON_POD_TERMINATING,
+            "Pod is terminating. Sandbox is suspending",
+            generation,
+        )
     };
     set_condition(&mut status.conditions, suspended, now);
 
@@ -636,12 +736,24 @@ pub fn status(sandbox: &Sandbox, observed: &Observed<'_>, cluster_domain: &str, 
     match owned_pod.map(pod_phase) {
         Some("Succeeded") => set_condition(
             &mut status.conditions,
-            condition(cond::FINISHED, true, cond::REASON_POD_SUCCEEDED, "Pod completed successfully", generation),
+            condition(
+                cond::FINISHED,
+                true,
+                cond::REASON_POD_SUCCEEDED,
+                "Pod completed successfully",
+                generation,
+            ),
             now,
         ),
         Some("Failed") => set_condition(
             &mut status.conditions,
-            condition(cond::FINISHED, true, cond::REASON_POD_FAILED, "Pod failed", generation),
+            condition(
+                cond::FINISHED,
+                true,
+                cond::REASON_POD_FAILED,
+                "Pod failed",
+                generation,
+            ),
             now,
         ),
         _ => remove_condition(&mut status.conditions, cond::FINISHED),
@@ -666,7 +778,13 @@ pub fn status(sandbox: &Sandbox, observed: &Observed<'_>, cluster_domain: &str, 
                     (_, "True") => cond::REASON_POD_SCHEDULED.to_owned(),
                     _ => cond::REASON_POD_SCHEDULING_UNKNOWN.to_owned(),
                 };
-                let mut c = condition(cond::POD_SCHEDULED, true, &reason, scheduled.message.clone().unwrap_or_default(), generation);
+                let mut c = condition(
+                    cond::POD_SCHEDULED,
+                    true,
+                    &reason,
+                    scheduled.message.clone().unwrap_or_default(),
+                    generation,
+                );
                 c.status = scheduled.status.clone();
                 c
             }
@@ -687,29 +805,52 @@ pub fn status(sandbox: &Sandbox, observed: &Observed<'_>, cluster_domain: &str, 
         remove_condition(&mut status.conditions, cond::POD_SCHEDULED);
     }
 
-    set_condition(&mut status.conditions, ready_condition(sandbox, observed), now);
+    set_condition(
+        &mut status.conditions,
+        ready_condition(sandbox, observed),
+        now,
+    );
     status
 }
 
-fn ready_condition(sandbox: &Sandbox, observed: &Observed<'_>) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+fn ready_condition(
+    sandbox: &Sandbox,
+    observed: &Observed<'_>,
+) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
     let generation = sandbox.metadata.generation;
-    let not_ready = |reason: &str, message: String| condition(cond::READY, false, reason, message, generation);
+    let not_ready =
+        |reason: &str, message: String| condition(cond::READY, false, reason, message, generation);
     match &observed.problem {
         Some(Problem::MultiplePods(count)) => {
-            return not_ready(cond::REASON_MULTIPLE_PODS, Problem::multiple_pods_message(*count));
+            return not_ready(
+                cond::REASON_MULTIPLE_PODS,
+                Problem::multiple_pods_message(*count),
+            );
         }
         Some(Problem::Error(message)) => {
-            return not_ready(cond::REASON_RECONCILER_ERROR, format!("Error seen: {message}"));
+            return not_ready(
+                cond::REASON_RECONCILER_ERROR,
+                format!("Error seen: {message}"),
+            );
         }
         None => {}
     }
     if sandbox.spec.operating_mode == OperatingMode::Suspended {
-        let message = if observed.pod.is_some() { "Sandbox is suspending" } else { "Sandbox is suspended" };
+        let message = if observed.pod.is_some() {
+            "Sandbox is suspending"
+        } else {
+            "Sandbox is suspended"
+        };
         return not_ready(cond::REASON_SUSPENDED, message.to_owned());
     }
     if let Some(pod) = observed.pod {
         match pod_phase(pod) {
-            "Succeeded" => return not_ready(cond::REASON_POD_SUCCEEDED, "Pod completed successfully".into()),
+            "Succeeded" => {
+                return not_ready(
+                    cond::REASON_POD_SUCCEEDED,
+                    "Pod completed successfully".into(),
+                );
+            }
             "Failed" => return not_ready(cond::REASON_POD_FAILED, "Pod failed".into()),
             _ => {}
         }
@@ -720,7 +861,7 @@ fn ready_condition(sandbox: &Sandbox, observed: &Observed<'_>) -> k8s_openapi::a
             let phase = pod_phase(pod);
             if phase != "Running" {
                 (format!("Pod exists with phase: {phase}"), false)
-            } else if !pod_condition(pod, "Ready").is_some_and(|c| c.status == "True") {
+            } else if pod_condition(pod, "Ready").is_none_or(|c| c.status != "True") {
                 ("Pod is Running but not Ready".to_owned(), false)
             } else if pod_ips(pod).is_empty() {
                 ("Pod is Ready but has no podIPs yet".to_owned(), false)
@@ -729,7 +870,11 @@ fn ready_condition(sandbox: &Sandbox, observed: &Observed<'_>) -> k8s_openapi::a
             }
         }
     };
-    let service_required = sandbox.spec.blueprint.service.unwrap_or(observed.service.is_some());
+    let service_required = sandbox
+        .spec
+        .blueprint
+        .service
+        .unwrap_or(observed.service.is_some());
     let mut service_ready = true;
     if service_required {
         if observed.service.is_some() {
@@ -740,7 +885,13 @@ fn ready_condition(sandbox: &Sandbox, observed: &Observed<'_>) -> k8s_openapi::a
         }
     }
     if pod_ready && service_ready {
-        condition(cond::READY, true, cond::REASON_DEPENDENCIES_READY, message, generation)
+        condition(
+            cond::READY,
+            true,
+            cond::REASON_DEPENDENCIES_READY,
+            message,
+            generation,
+        )
     } else {
         not_ready(cond::REASON_DEPENDENCIES_NOT_READY, message)
     }
@@ -764,7 +915,11 @@ pub fn clear_pod_name_patch() -> Value {
 
 /// True when `sandbox` carries a `pod-name` annotation.
 pub fn has_pod_name_annotation(sandbox: &Sandbox) -> bool {
-    sandbox.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(annotations::POD_NAME))
+    sandbox
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(annotations::POD_NAME))
 }
 
 #[cfg(test)]
@@ -782,10 +937,20 @@ mod tests {
         let mut pod = desired_pod(sandbox);
         pod.status = Some(PodStatus {
             phase: Some("Running".into()),
-            pod_ips: Some(vec![PodIP { ip: "10.0.0.5".into() }]),
+            pod_ips: Some(vec![PodIP {
+                ip: "10.0.0.5".into(),
+            }]),
             conditions: Some(vec![
-                PodCondition { type_: "PodScheduled".into(), status: "True".into(), ..PodCondition::default() },
-                PodCondition { type_: "Ready".into(), status: if ready { "True" } else { "False" }.into(), ..PodCondition::default() },
+                PodCondition {
+                    type_: "PodScheduled".into(),
+                    status: "True".into(),
+                    ..PodCondition::default()
+                },
+                PodCondition {
+                    type_: "Ready".into(),
+                    status: if ready { "True" } else { "False" }.into(),
+                    ..PodCondition::default()
+                },
             ]),
             ..PodStatus::default()
         });
@@ -796,12 +961,17 @@ mod tests {
     #[test]
     fn desired_pod_filters_system_keys_and_records_what_it_propagated() {
         let mut sb = sandbox("my-sandbox");
-        sb.metadata.labels = Some(BTreeMap::from([(labels::CREATED_BY.into(), "my-tool".into())]));
+        sb.metadata.labels = Some(BTreeMap::from([(
+            labels::CREATED_BY.into(),
+            "my-tool".into(),
+        )]));
         let meta = &mut sb.spec.blueprint.pod_template.metadata;
         meta.labels.insert("app".into(), "demo".into());
-        meta.labels.insert("agents.x-k8s.io/claim-uid".into(), "x".into());
+        meta.labels
+            .insert("agents.x-k8s.io/claim-uid".into(), "x".into());
         meta.annotations.insert("example.com/a".into(), "1".into());
-        meta.annotations.insert(annotations::TRACE_CONTEXT.into(), "{}".into());
+        meta.annotations
+            .insert(annotations::TRACE_CONTEXT.into(), "{}".into());
         let pod = desired_pod(&sb);
         assert_eq!(pod.metadata.name.as_deref(), Some("my-sandbox"));
         assert_eq!(
@@ -817,45 +987,99 @@ mod tests {
             BTreeMap::from([
                 ("example.com/a".to_owned(), "1".to_owned()),
                 (annotations::PROPAGATED_LABELS.to_owned(), "app".to_owned()),
-                (annotations::PROPAGATED_ANNOTATIONS.to_owned(), "example.com/a".to_owned()),
+                (
+                    annotations::PROPAGATED_ANNOTATIONS.to_owned(),
+                    "example.com/a".to_owned()
+                ),
             ])
         );
         let owner = &pod.metadata.owner_references.unwrap()[0];
-        assert_eq!((owner.kind.as_str(), owner.controller), ("Sandbox", Some(true)));
+        assert_eq!(
+            (owner.kind.as_str(), owner.controller),
+            ("Sandbox", Some(true))
+        );
     }
 
     #[test]
     fn pvc_volumes_replace_template_volumes_of_the_same_name() {
         let mut sb = sandbox("box");
         sb.spec.blueprint.pod_template.spec.volumes = Some(vec![
-            KVolume { name: "workspace".into(), ..KVolume::default() },
-            KVolume { name: "other".into(), ..KVolume::default() },
+            KVolume {
+                name: "workspace".into(),
+                ..KVolume::default()
+            },
+            KVolume {
+                name: "other".into(),
+                ..KVolume::default()
+            },
         ]);
         sb.spec.blueprint.volume_claim_templates = vec![PersistentVolumeClaimTemplate {
-            metadata: EmbeddedObjectMetadata { name: "workspace".into(), ..Default::default() },
+            metadata: EmbeddedObjectMetadata {
+                name: "workspace".into(),
+                ..Default::default()
+            },
             ..Default::default()
         }];
         let volumes = pod_spec(&sb).volumes.unwrap();
         assert_eq!(volumes.len(), 2);
         assert_eq!(volumes[0].name, "other");
-        assert_eq!(volumes[1].persistent_volume_claim.as_ref().unwrap().claim_name, "workspace-box");
+        assert_eq!(
+            volumes[1]
+                .persistent_volume_claim
+                .as_ref()
+                .unwrap()
+                .claim_name,
+            "workspace-box"
+        );
         let pvcs = desired_pvcs(&sb);
         assert_eq!(pvcs[0].metadata.name.as_deref(), Some("workspace-box"));
-        assert_eq!(pvcs[0].metadata.labels.as_ref().unwrap()[labels::SANDBOX_NAME_HASH], sandbox_hash(&sb));
+        assert_eq!(
+            pvcs[0].metadata.labels.as_ref().unwrap()[labels::SANDBOX_NAME_HASH],
+            sandbox_hash(&sb)
+        );
     }
 
     #[test]
     fn metadata_patch_adds_changes_and_removes_only_what_we_propagated() {
         let mut sb = sandbox("box");
-        sb.spec.blueprint.pod_template.metadata.labels.insert("keep".into(), "1".into());
-        sb.spec.blueprint.pod_template.metadata.labels.insert("drop".into(), "1".into());
+        sb.spec
+            .blueprint
+            .pod_template
+            .metadata
+            .labels
+            .insert("keep".into(), "1".into());
+        sb.spec
+            .blueprint
+            .pod_template
+            .metadata
+            .labels
+            .insert("drop".into(), "1".into());
         let mut pod = desired_pod(&sb);
-        pod.metadata.labels.as_mut().unwrap().insert("someone-else".into(), "x".into());
+        pod.metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("someone-else".into(), "x".into());
         assert_eq!(pod_metadata_patch(&sb, &pod), None);
 
-        sb.spec.blueprint.pod_template.metadata.labels.remove("drop");
-        sb.spec.blueprint.pod_template.metadata.labels.insert("keep".into(), "2".into());
-        sb.spec.blueprint.pod_template.metadata.annotations.insert("note".into(), "hi".into());
+        sb.spec
+            .blueprint
+            .pod_template
+            .metadata
+            .labels
+            .remove("drop");
+        sb.spec
+            .blueprint
+            .pod_template
+            .metadata
+            .labels
+            .insert("keep".into(), "2".into());
+        sb.spec
+            .blueprint
+            .pod_template
+            .metadata
+            .annotations
+            .insert("note".into(), "hi".into());
         let patch = pod_metadata_patch(&sb, &pod).unwrap();
         assert_eq!(
             patch,
@@ -876,9 +1100,20 @@ mod tests {
         spec.containers.push(Container {
             name: "sidecar".into(),
             ports: Some(vec![
-                ContainerPort { container_port: 8888, name: Some("http".into()), ..Default::default() },
-                ContainerPort { container_port: 53, protocol: Some("UDP".into()), ..Default::default() },
-                ContainerPort { container_port: 53, ..Default::default() },
+                ContainerPort {
+                    container_port: 8888,
+                    name: Some("http".into()),
+                    ..Default::default()
+                },
+                ContainerPort {
+                    container_port: 53,
+                    protocol: Some("UDP".into()),
+                    ..Default::default()
+                },
+                ContainerPort {
+                    container_port: 53,
+                    ..Default::default()
+                },
             ]),
             ..Container::default()
         });
@@ -899,13 +1134,21 @@ mod tests {
     #[test]
     fn child_adoption_rules() {
         let sb = sandbox("box");
-        let mut meta = ObjectMeta { name: Some("box".into()), ..ObjectMeta::default() };
-        assert!(matches!(child_decision(&sb, "pod", &meta), ChildDecision::Refuse(_)));
+        let mut meta = ObjectMeta {
+            name: Some("box".into()),
+            ..ObjectMeta::default()
+        };
+        assert!(matches!(
+            child_decision(&sb, "pod", &meta),
+            ChildDecision::Refuse(_)
+        ));
         meta.labels = Some(BTreeMap::from([(labels::ADOPTABLE.into(), "true".into())]));
         assert_eq!(child_decision(&sb, "pod", &meta), ChildDecision::Adopt);
         meta.owner_references = Some(vec![controller_reference(&sandbox("other"))]);
         match child_decision(&sb, "pod", &meta) {
-            ChildDecision::Refuse(message) => assert!(message.contains("owned by Sandbox/other"), "{message}"),
+            ChildDecision::Refuse(message) => {
+                assert!(message.contains("owned by Sandbox/other"), "{message}")
+            }
             other => panic!("{other:?}"),
         }
     }
@@ -914,15 +1157,38 @@ mod tests {
     fn ready_when_pod_is_running_ready_and_has_an_ip() {
         let sb = sandbox("box");
         let pod = running_pod(&sb, true);
-        let status = status(&sb, &Observed { pod: Some(&pod), ..Observed::default() }, "cluster.local", now());
+        let status = status(
+            &sb,
+            &Observed {
+                pod: Some(&pod),
+                ..Observed::default()
+            },
+            "cluster.local",
+            now(),
+        );
         let ready = find_condition(&status.conditions, cond::READY).unwrap();
-        assert_eq!((ready.status.as_str(), ready.reason.as_str(), ready.message.as_str()), ("True", "DependenciesReady", "Pod is Ready"));
+        assert_eq!(
+            (
+                ready.status.as_str(),
+                ready.reason.as_str(),
+                ready.message.as_str()
+            ),
+            ("True", "DependenciesReady", "Pod is Ready")
+        );
         assert_eq!(status.pod_ips, vec!["10.0.0.5"]);
         assert_eq!(status.node_name, "sim-node");
-        assert_eq!(status.selector, format!("agents.x-k8s.io/sandbox-name-hash={}", sandbox_hash(&sb)));
+        assert_eq!(
+            status.selector,
+            format!("agents.x-k8s.io/sandbox-name-hash={}", sandbox_hash(&sb))
+        );
         let types: Vec<&str> = status.conditions.iter().map(|c| c.type_.as_str()).collect();
         assert_eq!(types, vec!["Suspended", "PodScheduled", "Ready"]);
-        assert!(status.conditions.iter().all(|c| c.observed_generation == Some(1)));
+        assert!(
+            status
+                .conditions
+                .iter()
+                .all(|c| c.observed_generation == Some(1))
+        );
     }
 
     #[test]
@@ -930,12 +1196,35 @@ mod tests {
         let mut sb = sandbox("box");
         sb.spec.blueprint.service = Some(true);
         let pod = running_pod(&sb, true);
-        let status1 = status(&sb, &Observed { pod: Some(&pod), ..Observed::default() }, "cluster.local", now());
+        let status1 = status(
+            &sb,
+            &Observed {
+                pod: Some(&pod),
+                ..Observed::default()
+            },
+            "cluster.local",
+            now(),
+        );
         let ready = find_condition(&status1.conditions, cond::READY).unwrap();
-        assert_eq!((ready.status.as_str(), ready.message.as_str()), ("False", "Pod is Ready; Service does not exist"));
+        assert_eq!(
+            (ready.status.as_str(), ready.message.as_str()),
+            ("False", "Pod is Ready; Service does not exist")
+        );
         let service = desired_service(&sb);
-        let status2 = status(&sb, &Observed { pod: Some(&pod), service: Some(&service), ..Observed::default() }, "cluster.local", now());
-        assert!(crate::decide::is_condition_true(&status2.conditions, cond::READY));
+        let status2 = status(
+            &sb,
+            &Observed {
+                pod: Some(&pod),
+                service: Some(&service),
+                ..Observed::default()
+            },
+            "cluster.local",
+            now(),
+        );
+        assert!(crate::decide::is_condition_true(
+            &status2.conditions,
+            cond::READY
+        ));
         assert_eq!(status2.service_fqdn, "box.default.svc.cluster.local");
     }
 
@@ -944,16 +1233,37 @@ mod tests {
         let sb = sandbox("box");
         let msg = |observed: Observed<'_>| {
             let status = status(&sb, &observed, "cluster.local", now());
-            find_condition(&status.conditions, cond::READY).unwrap().message.clone()
+            find_condition(&status.conditions, cond::READY)
+                .unwrap()
+                .message
+                .clone()
         };
         assert_eq!(msg(Observed::default()), "Pod does not exist");
         let mut pending = desired_pod(&sb);
-        pending.status = Some(PodStatus { phase: Some("Pending".into()), ..PodStatus::default() });
-        assert_eq!(msg(Observed { pod: Some(&pending), ..Observed::default() }), "Pod exists with phase: Pending");
-        let unready = running_pod(&sb, false);
-        assert_eq!(msg(Observed { pod: Some(&unready), ..Observed::default() }), "Pod is Running but not Ready");
+        pending.status = Some(PodStatus {
+            phase: Some("Pending".into()),
+            ..PodStatus::default()
+        });
         assert_eq!(
-            msg(Observed { problem: Some(Problem::Error("boom".into())), ..Observed::default() }),
+            msg(Observed {
+                pod: Some(&pending),
+                ..Observed::default()
+            }),
+            "Pod exists with phase: Pending"
+        );
+        let unready = running_pod(&sb, false);
+        assert_eq!(
+            msg(Observed {
+                pod: Some(&unready),
+                ..Observed::default()
+            }),
+            "Pod is Running but not Ready"
+        );
+        assert_eq!(
+            msg(Observed {
+                problem: Some(Problem::Error("boom".into())),
+                ..Observed::default()
+            }),
             "Error seen: boom"
         );
     }
@@ -963,11 +1273,25 @@ mod tests {
         let sb = sandbox("box");
         let mut pod = running_pod(&sb, false);
         pod.status.as_mut().unwrap().phase = Some("Succeeded".into());
-        let status = status(&sb, &Observed { pod: Some(&pod), ..Observed::default() }, "cluster.local", now());
+        let status = status(
+            &sb,
+            &Observed {
+                pod: Some(&pod),
+                ..Observed::default()
+            },
+            "cluster.local",
+            now(),
+        );
         let finished = find_condition(&status.conditions, cond::FINISHED).unwrap();
-        assert_eq!((finished.status.as_str(), finished.reason.as_str()), ("True", "PodSucceeded"));
+        assert_eq!(
+            (finished.status.as_str(), finished.reason.as_str()),
+            ("True", "PodSucceeded")
+        );
         let ready = find_condition(&status.conditions, cond::READY).unwrap();
-        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "PodSucceeded"));
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "PodSucceeded")
+        );
     }
 
     #[test]
@@ -976,16 +1300,48 @@ mod tests {
         sb.spec.operating_mode = OperatingMode::Suspended;
         let status1 = status(&sb, &Observed::default(), "cluster.local", now());
         let suspended = find_condition(&status1.conditions, cond::SUSPENDED).unwrap();
-        assert_eq!((suspended.status.as_str(), suspended.reason.as_str()), ("True", "PodTerminated"));
+        assert_eq!(
+            (suspended.status.as_str(), suspended.reason.as_str()),
+            ("True", "PodTerminated")
+        );
         let ready = find_condition(&status1.conditions, cond::READY).unwrap();
-        assert_eq!((ready.reason.as_str(), ready.message.as_str()), ("SandboxSuspended", "Sandbox is suspended"));
+        assert_eq!(
+            (ready.reason.as_str(), ready.message.as_str()),
+            ("SandboxSuspended", "Sandbox is suspended")
+        );
         let pod = running_pod(&sb, true);
-        let status2 = status(&sb, &Observed { pod: Some(&pod), ..Observed::default() }, "cluster.local", now());
-        assert_eq!(find_condition(&status2.conditions, cond::SUSPENDED).unwrap().reason, "PodTerminating");
+        let status2 = status(
+            &sb,
+            &Observed {
+                pod: Some(&pod),
+                ..Observed::default()
+            },
+            "cluster.local",
+            now(),
+        );
+        assert_eq!(
+            find_condition(&status2.conditions, cond::SUSPENDED)
+                .unwrap()
+                .reason,
+            "PodTerminating"
+        );
         let mut foreign = pod.clone();
         foreign.metadata.owner_references = None;
-        let status3 = status(&sb, &Observed { pod: Some(&foreign), ..Observed::default() }, "cluster.local", now());
-        assert_eq!(find_condition(&status3.conditions, cond::SUSPENDED).unwrap().reason, "PodNotOwned");
+        let status3 = status(
+            &sb,
+            &Observed {
+                pod: Some(&foreign),
+                ..Observed::default()
+            },
+            "cluster.local",
+            now(),
+        );
+        assert_eq!(
+            find_condition(&status3.conditions, cond::SUSPENDED)
+                .unwrap()
+                .reason,
+            "PodNotOwned"
+        );
     }
 
     #[test]
@@ -998,12 +1354,23 @@ mod tests {
         assert_eq!(expiry(&sb, now()), Expiry::Expired);
         assert!(!marked_expired(&sb));
         let pod = running_pod(&sb, true);
-        sb.status = Some(status(&sb, &Observed { pod: Some(&pod), ..Observed::default() }, "cluster.local", now()));
+        sb.status = Some(status(
+            &sb,
+            &Observed {
+                pod: Some(&pod),
+                ..Observed::default()
+            },
+            "cluster.local",
+            now(),
+        ));
         let expired = expired_status(&sb, now(), true);
         assert!(expired.pod_ips.is_empty());
         assert!(find_condition(&expired.conditions, cond::POD_SCHEDULED).is_none());
         let ready = find_condition(&expired.conditions, cond::READY).unwrap();
-        assert_eq!((ready.reason.as_str(), ready.message.as_str()), ("SandboxExpired", "Sandbox has expired"));
+        assert_eq!(
+            (ready.reason.as_str(), ready.message.as_str()),
+            ("SandboxExpired", "Sandbox has expired")
+        );
         sb.status = Some(expired);
         assert!(marked_expired(&sb));
     }
@@ -1011,9 +1378,16 @@ mod tests {
     #[test]
     fn node_name_only_changes_wait_for_readiness() {
         let old = SandboxStatus::default();
-        let new = SandboxStatus { node_name: "n".into(), ..SandboxStatus::default() };
+        let new = SandboxStatus {
+            node_name: "n".into(),
+            ..SandboxStatus::default()
+        };
         assert!(only_node_name_changed(&old, &new));
-        let new = SandboxStatus { node_name: "n".into(), selector: "x".into(), ..SandboxStatus::default() };
+        let new = SandboxStatus {
+            node_name: "n".into(),
+            selector: "x".into(),
+            ..SandboxStatus::default()
+        };
         assert!(!only_node_name_changed(&old, &new));
     }
 }

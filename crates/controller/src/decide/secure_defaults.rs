@@ -59,20 +59,28 @@ pub fn apply(template: &SandboxTemplate, dns: &DnsMode, spec: &mut PodSpec) {
     if hardening_opted_out(template) {
         return;
     }
-    let pod_security = spec.security_context.get_or_insert_with(PodSecurityContext::default);
+    let pod_security = spec
+        .security_context
+        .get_or_insert_with(PodSecurityContext::default);
     if pod_security.seccomp_profile.is_none() {
         pod_security.seccomp_profile = Some(SeccompProfile {
             type_: "RuntimeDefault".to_owned(),
             localhost_profile: None,
         });
     }
-    for container in spec.containers.iter_mut().chain(spec.init_containers.iter_mut().flatten()) {
+    for container in spec
+        .containers
+        .iter_mut()
+        .chain(spec.init_containers.iter_mut().flatten())
+    {
         harden(container);
     }
 }
 
 fn harden(container: &mut Container) {
-    let security = container.security_context.get_or_insert_with(SecurityContext::default);
+    let security = container
+        .security_context
+        .get_or_insert_with(SecurityContext::default);
     if security.allow_privilege_escalation.is_none() && security.privileged != Some(true) {
         security.allow_privilege_escalation = Some(false);
     }
@@ -119,8 +127,18 @@ mod tests {
         apply(&template, &public(), &mut spec);
         assert_eq!(spec.automount_service_account_token, Some(false));
         assert_eq!(spec.dns_policy.as_deref(), Some("None"));
-        assert_eq!(spec.dns_config.unwrap().nameservers.unwrap(), vec!["8.8.8.8", "1.1.1.1"]);
-        assert_eq!(spec.security_context.unwrap().seccomp_profile.unwrap().type_, "RuntimeDefault");
+        assert_eq!(
+            spec.dns_config.unwrap().nameservers.unwrap(),
+            vec!["8.8.8.8", "1.1.1.1"]
+        );
+        assert_eq!(
+            spec.security_context
+                .unwrap()
+                .seccomp_profile
+                .unwrap()
+                .type_,
+            "RuntimeDefault"
+        );
         let security = spec.containers[0].security_context.clone().unwrap();
         assert_eq!(security.allow_privilege_escalation, Some(false));
         assert_eq!(security.capabilities.unwrap().drop.unwrap(), vec!["ALL"]);
@@ -134,7 +152,10 @@ mod tests {
         spec.dns_policy = Some("ClusterFirst".into());
         spec.containers[0].security_context = Some(SecurityContext {
             allow_privilege_escalation: Some(true),
-            capabilities: Some(Capabilities { add: Some(vec!["NET_ADMIN".into()]), drop: None }),
+            capabilities: Some(Capabilities {
+                add: Some(vec!["NET_ADMIN".into()]),
+                drop: None,
+            }),
             ..SecurityContext::default()
         });
         let mut spec = template.spec.blueprint.pod_template.spec.clone();
@@ -143,7 +164,10 @@ mod tests {
         assert_eq!(spec.dns_policy.as_deref(), Some("ClusterFirst"));
         let security = spec.containers[0].security_context.clone().unwrap();
         assert_eq!(security.allow_privilege_escalation, Some(true));
-        assert_eq!(security.capabilities.unwrap().add.unwrap(), vec!["NET_ADMIN"]);
+        assert_eq!(
+            security.capabilities.unwrap().add.unwrap(),
+            vec!["NET_ADMIN"]
+        );
     }
 
     #[test]
@@ -162,8 +186,10 @@ mod tests {
     #[test]
     fn hardening_can_be_opted_out_by_annotation() {
         let mut template = template();
-        template.metadata.annotations =
-            Some(BTreeMap::from([(annotations::SKIP_SECURE_DEFAULTS.to_owned(), "true".to_owned())]));
+        template.metadata.annotations = Some(BTreeMap::from([(
+            annotations::SKIP_SECURE_DEFAULTS.to_owned(),
+            "true".to_owned(),
+        )]));
         let mut spec = template.spec.blueprint.pod_template.spec.clone();
         apply(&template, &public(), &mut spec);
         assert_eq!(spec.automount_service_account_token, Some(false));

@@ -8,7 +8,8 @@ use agent_sandbox_api::conditions::sandbox as cond;
 use agent_sandbox_api::sandbox::Sandbox;
 use agent_sandbox_api::warm_pool::UpdateStrategyType;
 use agent_sandbox_api::{
-    SandboxSpec, SandboxTemplate, SandboxWarmPool, SandboxWarmPoolStatus, annotations, fnv1a_32, labels, name_hash,
+    SandboxSpec, SandboxTemplate, SandboxWarmPool, SandboxWarmPoolStatus, annotations, fnv1a_32,
+    labels, name_hash,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
@@ -59,7 +60,11 @@ pub fn sandbox_spec(template: &SandboxTemplate, dns: &DnsMode) -> SandboxSpec {
 }
 
 /// A new member of `pool` (created with `generateName: <pool>-`).
-pub fn member(pool: &SandboxWarmPool, template: &SandboxTemplate, settings: &MemberSettings) -> Sandbox {
+pub fn member(
+    pool: &SandboxWarmPool,
+    template: &SandboxTemplate,
+    settings: &MemberSettings,
+) -> Sandbox {
     let pool_name = pool.metadata.name.as_deref().unwrap_or_default();
     let template_name = template.metadata.name.as_deref().unwrap_or_default();
     let mut spec = sandbox_spec(template, &settings.dns);
@@ -77,11 +82,26 @@ pub fn member(pool: &SandboxWarmPool, template: &SandboxTemplate, settings: &Mem
             namespace: pool.metadata.namespace.clone(),
             labels: Some(BTreeMap::from([
                 (labels::WARM_POOL_SANDBOX.to_owned(), pool_hash(pool)),
-                (labels::SANDBOX_TEMPLATE_REF_HASH.to_owned(), name_hash(template_name)),
-                (labels::LAUNCH_TYPE.to_owned(), labels::LAUNCH_TYPE_WARM.to_owned()),
-                (labels::SANDBOX_POD_TEMPLATE_HASH.to_owned(), pod_template_hash(template)),
-                (labels::SANDBOX_TEMPLATE_HASH.to_owned(), blueprint_hash(template)),
-                (labels::CREATED_BY.to_owned(), labels::CREATED_BY_CONTROLLER.to_owned()),
+                (
+                    labels::SANDBOX_TEMPLATE_REF_HASH.to_owned(),
+                    name_hash(template_name),
+                ),
+                (
+                    labels::LAUNCH_TYPE.to_owned(),
+                    labels::LAUNCH_TYPE_WARM.to_owned(),
+                ),
+                (
+                    labels::SANDBOX_POD_TEMPLATE_HASH.to_owned(),
+                    pod_template_hash(template),
+                ),
+                (
+                    labels::SANDBOX_TEMPLATE_HASH.to_owned(),
+                    blueprint_hash(template),
+                ),
+                (
+                    labels::CREATED_BY.to_owned(),
+                    labels::CREATED_BY_CONTROLLER.to_owned(),
+                ),
             ])),
             annotations: Some(BTreeMap::from([(
                 annotations::SANDBOX_TEMPLATE_REF.to_owned(),
@@ -96,7 +116,12 @@ pub fn member(pool: &SandboxWarmPool, template: &SandboxTemplate, settings: &Mem
 }
 
 fn label<'a>(sandbox: &'a Sandbox, key: &str) -> Option<&'a str> {
-    sandbox.metadata.labels.as_ref().and_then(|l| l.get(key)).map(String::as_str)
+    sandbox
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(key))
+        .map(String::as_str)
 }
 
 /// True when `member` was built from something other than the current `template`: another
@@ -203,17 +228,20 @@ pub fn plan(
         }
         if !is_ready(member) {
             let deadline = Timestamp::from_nanosecond(
-                created(member).as_nanosecond() + i128::try_from(settings.readiness_grace.as_nanos()).unwrap_or(i128::MAX),
+                created(member).as_nanosecond()
+                    + i128::try_from(settings.readiness_grace.as_nanos()).unwrap_or(i128::MAX),
             )
             .unwrap_or(Timestamp::MAX);
             match remaining(deadline, now) {
                 None if is_unschedulable(member) => plan.unschedulable.push(name),
                 None => {
-                    plan.delete.push((name, "not ready within the readiness grace period"));
+                    plan.delete
+                        .push((name, "not ready within the readiness grace period"));
                     continue;
                 }
                 Some(left) => {
-                    plan.recheck_after = Some(plan.recheck_after.map_or(left, |current| current.min(left)));
+                    plan.recheck_after =
+                        Some(plan.recheck_after.map_or(left, |current| current.min(left)));
                 }
             }
         }
@@ -223,11 +251,21 @@ pub fn plan(
     // Scale down: unready first, then newest first.
     if kept.len() > desired {
         let mut order = kept.clone();
-        order.sort_by(|a, b| is_ready(a).cmp(&is_ready(b)).then(created(b).cmp(&created(a))).then(b.metadata.name.cmp(&a.metadata.name)));
+        order.sort_by(|a, b| {
+            is_ready(a)
+                .cmp(&is_ready(b))
+                .then(created(b).cmp(&created(a)))
+                .then(b.metadata.name.cmp(&a.metadata.name))
+        });
         let excess = kept.len() - desired;
-        let doomed: Vec<String> = order.iter().take(excess).filter_map(|m| m.metadata.name.clone()).collect();
+        let doomed: Vec<String> = order
+            .iter()
+            .take(excess)
+            .filter_map(|m| m.metadata.name.clone())
+            .collect();
         kept.retain(|m| !doomed.contains(m.metadata.name.as_ref().unwrap_or(&String::new())));
-        plan.delete.extend(doomed.into_iter().map(|name| (name, "scale down")));
+        plan.delete
+            .extend(doomed.into_iter().map(|name| (name, "scale down")));
     }
 
     // Members being deleted count against the target, so that a slow deletion cannot make the
@@ -262,7 +300,10 @@ mod tests {
             "python",
             SandboxTemplateSpec {
                 blueprint: SandboxBlueprint {
-                    pod_template: PodTemplate { spec: pod_spec(), ..PodTemplate::default() },
+                    pod_template: PodTemplate {
+                        spec: pod_spec(),
+                        ..PodTemplate::default()
+                    },
                     ..SandboxBlueprint::default()
                 },
                 ..SandboxTemplateSpec::default()
@@ -277,7 +318,9 @@ mod tests {
             "pool",
             SandboxWarmPoolSpec {
                 replicas,
-                sandbox_template_ref: SandboxTemplateRef { name: "python".into() },
+                sandbox_template_ref: SandboxTemplateRef {
+                    name: "python".into(),
+                },
                 update_strategy: None,
             },
         );
@@ -288,19 +331,32 @@ mod tests {
     }
 
     fn settings() -> MemberSettings {
-        MemberSettings { dns: DnsMode::Public(vec!["8.8.8.8".into()]), safe_to_evict: false }
+        MemberSettings {
+            dns: DnsMode::Public(vec!["8.8.8.8".into()]),
+            safe_to_evict: false,
+        }
     }
 
     fn plan_settings() -> PlanSettings {
-        PlanSettings { readiness_grace: Duration::from_secs(300), max_batch: 300, dns: settings().dns }
+        PlanSettings {
+            readiness_grace: Duration::from_secs(300),
+            max_batch: 300,
+            dns: settings().dns,
+        }
     }
 
     fn built(name: &str, age_secs: i64, ready: bool) -> Sandbox {
         let mut m = member(&pool(1), &template(), &settings());
         m.metadata.name = Some(name.into());
-        m.metadata.creation_timestamp = Some(Time(now() - k8s_openapi::jiff::SignedDuration::from_secs(age_secs)));
+        m.metadata.creation_timestamp = Some(Time(
+            now() - k8s_openapi::jiff::SignedDuration::from_secs(age_secs),
+        ));
         let mut status = SandboxStatus::default();
-        set_condition(&mut status.conditions, condition("Ready", ready, "r", "", Some(1)), now());
+        set_condition(
+            &mut status.conditions,
+            condition("Ready", ready, "r", "", Some(1)),
+            now(),
+        );
         m.status = Some(status);
         m
     }
@@ -314,11 +370,38 @@ mod tests {
         assert_eq!(l[labels::SANDBOX_TEMPLATE_REF_HASH], name_hash("python"));
         assert_eq!(l[labels::LAUNCH_TYPE], "warm");
         assert_eq!(l[labels::CREATED_BY], "controller");
-        assert_eq!(m.metadata.owner_references.unwrap()[0].kind, "SandboxWarmPool");
-        assert_eq!(m.spec.blueprint.pod_template.spec.automount_service_account_token, Some(false));
-        assert!(m.spec.blueprint.pod_template.metadata.annotations.is_empty());
-        let evictable = member(&pool(1), &template(), &MemberSettings { safe_to_evict: true, ..settings() });
-        assert_eq!(evictable.spec.blueprint.pod_template.metadata.annotations[annotations::SAFE_TO_EVICT], "true");
+        assert_eq!(
+            m.metadata.owner_references.unwrap()[0].kind,
+            "SandboxWarmPool"
+        );
+        assert_eq!(
+            m.spec
+                .blueprint
+                .pod_template
+                .spec
+                .automount_service_account_token,
+            Some(false)
+        );
+        assert!(
+            m.spec
+                .blueprint
+                .pod_template
+                .metadata
+                .annotations
+                .is_empty()
+        );
+        let evictable = member(
+            &pool(1),
+            &template(),
+            &MemberSettings {
+                safe_to_evict: true,
+                ..settings()
+            },
+        );
+        assert_eq!(
+            evictable.spec.blueprint.pod_template.metadata.annotations[annotations::SAFE_TO_EVICT],
+            "true"
+        );
     }
 
     #[test]
@@ -326,13 +409,33 @@ mod tests {
         let a = built("a", 10, true);
         let mut b = built("b", 10, false);
         b.metadata.deletion_timestamp = Some(Time(now()));
-        let plan = plan(&pool(5), Some(&template()), &[&a, &b], 1, &plan_settings(), now());
+        let plan = plan(
+            &pool(5),
+            Some(&template()),
+            &[&a, &b],
+            1,
+            &plan_settings(),
+            now(),
+        );
         assert_eq!(plan.create, 2);
         assert_eq!(plan.status.replicas, 1);
         assert_eq!(plan.status.ready_replicas, 1);
         assert_eq!(plan.status.observed_generation, 3);
-        assert_eq!(plan.status.selector, format!("agents.x-k8s.io/warm-pool-sandbox={}", name_hash("pool")));
-        let capped = super::plan(&pool(500), Some(&template()), &[], 0, &PlanSettings { max_batch: 8, ..plan_settings() }, now());
+        assert_eq!(
+            plan.status.selector,
+            format!("agents.x-k8s.io/warm-pool-sandbox={}", name_hash("pool"))
+        );
+        let capped = super::plan(
+            &pool(500),
+            Some(&template()),
+            &[],
+            0,
+            &PlanSettings {
+                max_batch: 8,
+                ..plan_settings()
+            },
+            now(),
+        );
         assert_eq!(capped.create, 8);
         let no_template = super::plan(&pool(5), None, &[], 0, &plan_settings(), now());
         assert_eq!(no_template.create, 0);
@@ -343,8 +446,21 @@ mod tests {
         let old_ready = built("old-ready", 100, true);
         let new_ready = built("new-ready", 10, true);
         let unready = built("unready", 50, false);
-        let plan = plan(&pool(1), Some(&template()), &[&old_ready, &new_ready, &unready], 0, &plan_settings(), now());
-        assert_eq!(plan.delete, vec![("unready".into(), "scale down"), ("new-ready".into(), "scale down")]);
+        let plan = plan(
+            &pool(1),
+            Some(&template()),
+            &[&old_ready, &new_ready, &unready],
+            0,
+            &plan_settings(),
+            now(),
+        );
+        assert_eq!(
+            plan.delete,
+            vec![
+                ("unready".into(), "scale down"),
+                ("new-ready".into(), "scale down")
+            ]
+        );
         assert_eq!(plan.create, 0);
     }
 
@@ -353,10 +469,24 @@ mod tests {
         let late = built("late", 400, false);
         let mut stuck = built("stuck", 400, false);
         let status = stuck.status.as_mut().unwrap();
-        set_condition(&mut status.conditions, condition("PodScheduled", false, "Unschedulable", "no node", Some(1)), now());
+        set_condition(
+            &mut status.conditions,
+            condition("PodScheduled", false, "Unschedulable", "no node", Some(1)),
+            now(),
+        );
         let young = built("young", 100, false);
-        let plan = plan(&pool(3), Some(&template()), &[&late, &stuck, &young], 0, &plan_settings(), now());
-        assert_eq!(plan.delete, vec![("late".into(), "not ready within the readiness grace period")]);
+        let plan = plan(
+            &pool(3),
+            Some(&template()),
+            &[&late, &stuck, &young],
+            0,
+            &plan_settings(),
+            now(),
+        );
+        assert_eq!(
+            plan.delete,
+            vec![("late".into(), "not ready within the readiness grace period")]
+        );
         assert_eq!(plan.unschedulable, vec!["stuck".to_owned()]);
         assert_eq!(plan.create, 1);
         assert_eq!(plan.recheck_after, Some(Duration::from_secs(200)));
@@ -371,15 +501,36 @@ mod tests {
         assert!(is_stale(&fresh, &changed, &settings().dns));
         // A different hash with the same content (e.g. another serializer) is not stale.
         let mut relabelled = fresh.clone();
-        relabelled.metadata.labels.as_mut().unwrap().insert(labels::SANDBOX_TEMPLATE_HASH.into(), "00000000".into());
+        relabelled
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert(labels::SANDBOX_TEMPLATE_HASH.into(), "00000000".into());
         assert!(!is_stale(&relabelled, &template(), &settings().dns));
 
         let mut recreate = pool(1);
-        recreate.spec.update_strategy = Some(UpdateStrategy { type_: UpdateStrategyType::Recreate });
-        let plan1 = plan(&recreate, Some(&changed), &[&fresh], 0, &plan_settings(), now());
+        recreate.spec.update_strategy = Some(UpdateStrategy {
+            type_: UpdateStrategyType::Recreate,
+        });
+        let plan1 = plan(
+            &recreate,
+            Some(&changed),
+            &[&fresh],
+            0,
+            &plan_settings(),
+            now(),
+        );
         assert_eq!(plan1.delete, vec![("fresh".into(), "stale")]);
         assert_eq!(plan1.create, 1);
-        let plan2 = plan(&pool(1), Some(&changed), &[&fresh], 0, &plan_settings(), now());
+        let plan2 = plan(
+            &pool(1),
+            Some(&changed),
+            &[&fresh],
+            0,
+            &plan_settings(),
+            now(),
+        );
         assert!(plan2.delete.is_empty(), "OnReplenish keeps stale members");
     }
 }
