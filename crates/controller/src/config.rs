@@ -361,6 +361,33 @@ mod tests {
     }
 
     #[test]
+    fn every_flag_is_documented() {
+        use clap::CommandFactory;
+        let doc = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../docs/controller.md"
+        ))
+        .unwrap();
+        for arg in Args::command().get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            if long == "help" {
+                continue;
+            }
+            assert!(
+                doc.contains(&format!("`--{long}`")),
+                "docs/controller.md does not document --{long}"
+            );
+            if let Some(env) = arg.get_env() {
+                let env = env.to_string_lossy();
+                assert!(
+                    doc.contains(&format!("`{env}`")),
+                    "docs/controller.md does not name {env}"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn bad_values_name_the_flag() {
         let error = Args::parse_from(["c", "--metrics-bind-address", "nope"])
             .into_config()
