@@ -8,7 +8,7 @@
 //! - label and annotation keys ([`labels`], [`annotations`]), condition types and reasons
 //!   ([`conditions`]), ports, names and router headers ([`wire`]);
 //! - the FNV-1a [`name_hash`] used in label values;
-//! - the JSON of the runtime server's legacy endpoints ([`runtime`]).
+//! - the JSON of the runtime server: legacy endpoints and the `/v1` API ([`runtime`], [`runtime::v1`]).
 //!
 //! Other crates import constants from here instead of spelling a string twice.
 

@@ -3,7 +3,13 @@
 //! These are the legacy endpoints every upstream SDK uses (`../shared/spec/upstream-compat.md`
 //! §4.1). Field names, types and shapes are pinned by tests below; our runtime's extensions are
 //! added as optional request fields and additional response fields only, so an old client keeps
-//! working.
+//! working. The streaming, background-process and file API under `/v1` is in [`v1`].
+//!
+//! Written by `sandbox-runtime` (crates/runtime), read by the SDK, the CLI and any upstream client.
+
+pub mod v1;
+
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
@@ -46,22 +52,74 @@ impl HealthResponse {
     }
 }
 
-/// Body of `POST /execute` as upstream clients send it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// Body of `POST /execute`: upstream's one field, plus our optional extensions.
+///
+/// Every extension is optional and left out of the JSON when unset, so a request built from
+/// [`ExecuteRequest::new`] is exactly what upstream clients send. `timeout_seconds` is the name
+/// the newest upstream Python SDK already sends.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ExecuteRequest {
-    /// The command line, split shlex-style and run without a shell.
+    /// The command line. Split shlex-style (POSIX rules, like Python's `shlex.split`) and run
+    /// without a shell, unless [`Self::shell`] is true.
     pub command: String,
+    /// Extension: run `command` through `/bin/sh -c`, so pipes, `&&`, redirects, `$VARS` and
+    /// `cd` work.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shell: Option<bool>,
+    /// Extension: working directory, relative to the base directory (or absolute inside it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// Extension: environment variables added to (or replacing) the runtime's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env: Option<BTreeMap<String, String>>,
+    /// Extension: seconds before the whole process group is killed (exit code 124); the
+    /// runtime's default when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<f64>,
+    /// Extension: bytes written to the command's standard input (which is otherwise empty).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin: Option<String>,
+    /// Extension: cap on the bytes kept of each of stdout and stderr (the runtime's own cap is
+    /// the upper bound); truncation is reported in the response.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_bytes: Option<u64>,
+}
+
+impl ExecuteRequest {
+    /// A request with upstream's single field.
+    pub fn new(command: impl Into<String>) -> Self {
+        Self {
+            command: command.into(),
+            ..Self::default()
+        }
+    }
 }
 
 /// Body of a `POST /execute` answer (always HTTP 200, also when the command could not start).
+///
+/// The first three fields are upstream's, in upstream's order. Our runtime always adds the
+/// others after them; they are `None` when the answer comes from an upstream runtime.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExecuteResponse {
     /// Standard output, decoded as UTF-8 (invalid sequences replaced).
     pub stdout: String,
     /// Standard error, or `Failed to execute command: ...` when the command could not run.
     pub stderr: String,
-    /// Exit status; non-zero on any failure.
+    /// Exit status; non-zero on any failure: 127 command not found, 126 not executable, 124
+    /// timed out, minus the signal number when a signal ended it (as upstream reports it).
     pub exit_code: i32,
+    /// Extension: the timeout killed the process group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timed_out: Option<bool>,
+    /// Extension: stdout was longer than the cap and was cut.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdout_truncated: Option<bool>,
+    /// Extension: stderr was longer than the cap and was cut.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stderr_truncated: Option<bool>,
+    /// Extension: wall-clock milliseconds from start to the end of output.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
 }
 
 /// Whether a listing entry is a file or a directory.
@@ -134,6 +192,44 @@ pub const NOT_A_DIRECTORY: &str = "Path is not a directory";
 /// Prefix of `stderr` when `/execute` could not run the command.
 pub const EXECUTE_FAILED_PREFIX: &str = "Failed to execute command: ";
 
+/// Prefix of the `500` message of `/upload` when writing failed.
+pub const UPLOAD_FAILED_PREFIX: &str = "File upload failed: ";
+/// Prefix of the `500` message of `/list` when reading the directory failed.
+pub const LIST_FAILED_PREFIX: &str = "List files failed: ";
+
+/// `422` body of a legacy request that does not validate, in FastAPI's shape:
+/// `{"detail": [{"type": "missing", "loc": ["body", "command"], "msg": "Field required"}]}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ValidationErrorResponse {
+    /// One element per problem.
+    pub detail: Vec<ValidationIssue>,
+}
+
+/// One problem of a [`ValidationErrorResponse`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ValidationIssue {
+    /// FastAPI's error type: `missing`, `json_invalid`, `value_error`, ...
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Where: `["body"]`, `["body", "<field>"]`.
+    pub loc: Vec<String>,
+    /// Human-readable.
+    pub msg: String,
+}
+
+impl ValidationErrorResponse {
+    /// A body with one issue.
+    pub fn one(kind: impl Into<String>, loc: &[&str], msg: impl Into<String>) -> Self {
+        Self {
+            detail: vec![ValidationIssue {
+                kind: kind.into(),
+                loc: loc.iter().map(|s| (*s).to_owned()).collect(),
+                msg: msg.into(),
+            }],
+        }
+    }
+}
+
 /// Error body of the router (and of FastAPI validation errors): `{"detail": "..."}`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DetailResponse {
@@ -177,9 +273,7 @@ mod tests {
     #[test]
     fn execute_request_and_response() {
         round_trip(
-            &ExecuteRequest {
-                command: "python3 -c 'print(1)'".into(),
-            },
+            &ExecuteRequest::new("python3 -c 'print(1)'"),
             json!({"command": "python3 -c 'print(1)'"}),
         );
         round_trip(
@@ -187,6 +281,7 @@ mod tests {
                 stdout: "b\n".into(),
                 stderr: String::new(),
                 exit_code: 0,
+                ..ExecuteResponse::default()
             },
             json!({"stdout": "b\n", "stderr": "", "exit_code": 0}),
         );
@@ -195,6 +290,47 @@ mod tests {
             serde_json::to_string(&ExecuteResponse::default()).unwrap(),
             r#"{"stdout":"","stderr":"","exit_code":0}"#
         );
+    }
+
+    #[test]
+    fn execute_extensions_are_optional_and_come_after_upstreams_fields() {
+        round_trip(
+            &ExecuteRequest {
+                command: "cd docs && ls | wc -l".into(),
+                shell: Some(true),
+                cwd: Some("work".into()),
+                env: Some(BTreeMap::from([("A".to_owned(), "1".to_owned())])),
+                timeout_seconds: Some(2.5),
+                stdin: Some("input".into()),
+                max_output_bytes: Some(1024),
+            },
+            json!({
+                "command": "cd docs && ls | wc -l", "shell": true, "cwd": "work", "env": {"A": "1"},
+                "timeout_seconds": 2.5, "stdin": "input", "max_output_bytes": 1024,
+            }),
+        );
+        // What the newest upstream SDK sends decodes, with the rest unset.
+        let decoded: ExecuteRequest =
+            serde_json::from_value(json!({"command": "ls", "timeout_seconds": 60})).unwrap();
+        assert_eq!(decoded.timeout_seconds, Some(60.0));
+        assert_eq!(decoded.shell, None);
+        let response = ExecuteResponse {
+            stdout: "x".into(),
+            stderr: String::new(),
+            exit_code: 124,
+            timed_out: Some(true),
+            stdout_truncated: Some(false),
+            stderr_truncated: Some(true),
+            duration_ms: Some(1000),
+        };
+        assert_eq!(
+            serde_json::to_string(&response).unwrap(),
+            r#"{"stdout":"x","stderr":"","exit_code":124,"timed_out":true,"stdout_truncated":false,"stderr_truncated":true,"duration_ms":1000}"#
+        );
+        // An upstream answer decodes, with the extensions absent.
+        let upstream: ExecuteResponse =
+            serde_json::from_str(r#"{"stdout":"","stderr":"","exit_code":0}"#).unwrap();
+        assert_eq!(upstream, ExecuteResponse::default());
     }
 
     #[test]

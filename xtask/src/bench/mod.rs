@@ -8,6 +8,7 @@
 
 mod api;
 mod report;
+mod runtime;
 mod stats;
 
 use std::path::Path;
@@ -42,6 +43,7 @@ pub(crate) struct Case {
 fn cases() -> Vec<Case> {
     let mut cases = Vec::new();
     cases.extend(api::cases());
+    cases.extend(runtime::cases());
     cases
 }
 

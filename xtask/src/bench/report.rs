@@ -42,6 +42,11 @@ impl Row {
         self
     }
 
+    pub(crate) fn peak_rss(mut self, value: impl Into<String>) -> Self {
+        self.peak_rss = value.into();
+        self
+    }
+
     pub(crate) fn notes(mut self, value: impl Into<String>) -> Self {
         self.notes = value.into();
         self

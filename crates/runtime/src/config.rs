@@ -1,0 +1,328 @@
+//! Configuration: the [`Config`] the server runs with, and the command-line [`Args`] (flags with
+//! environment fallbacks) that produce it. `Args` is a `clap::Args` so that another binary (the
+//! CLI) can embed the runtime as a subcommand with the same flags.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use agent_sandbox_api::wire::RUNTIME_PORT;
+
+/// Everything the runtime server needs to know.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Address to listen on.
+    pub listen: SocketAddr,
+    /// Directory every path is confined to and commands start in (created when missing).
+    pub base_dir: PathBuf,
+    /// Timeout of `/execute` and `/v1/exec` when the request sets none.
+    pub exec_timeout: Duration,
+    /// Cap on the bytes kept of each of stdout and stderr per command (requests may lower it).
+    pub max_output_bytes: u64,
+    /// Processes that may run at once (sync, streamed and background); beyond it, 429.
+    pub max_processes: usize,
+    /// Largest JSON or stdin request body; beyond it, 413.
+    pub max_body_bytes: u64,
+    /// Largest file upload (`/upload`, `PUT /v1/files`); beyond it, 413.
+    pub max_upload_bytes: u64,
+    /// Output bytes kept per background process for readers (the tail).
+    pub process_buffer_bytes: u64,
+    /// How long a finished background process stays listed.
+    pub finished_retention: Duration,
+    /// How many finished background processes stay listed.
+    pub max_finished_processes: usize,
+    /// After a command's leader exits (or is killed), how long to keep reading output that
+    /// its descendants still write before killing the group and closing the pipes.
+    pub drain_timeout: Duration,
+    /// After a shutdown signal, how long in-flight requests get before the server stops.
+    pub shutdown_grace: Duration,
+    /// Tokio worker threads for [`crate::run`]; 0 means one per CPU, at most 4.
+    pub worker_threads: usize,
+    /// Apply `no_new_privs` and Landlock (writes only beneath the base directory and `/tmp`) to
+    /// every command.
+    pub harden: bool,
+}
+
+/// Defaults, also used by [`Args`].
+pub mod defaults {
+    /// `--exec-timeout-seconds`, upstream's.
+    pub const EXEC_TIMEOUT_SECONDS: &str = "300";
+    /// `--max-output-bytes`.
+    pub const MAX_OUTPUT_BYTES: &str = "16MiB";
+    /// `--max-processes`.
+    pub const MAX_PROCESSES: usize = 64;
+    /// `--max-body-bytes`.
+    pub const MAX_BODY_BYTES: &str = "16MiB";
+    /// `--max-upload-bytes`.
+    pub const MAX_UPLOAD_BYTES: &str = "16GiB";
+    /// `--process-buffer-bytes`.
+    pub const PROCESS_BUFFER_BYTES: &str = "1MiB";
+    /// `--finished-retention-seconds`.
+    pub const FINISHED_RETENTION_SECONDS: &str = "600";
+    /// `--max-finished-processes`.
+    pub const MAX_FINISHED_PROCESSES: usize = 64;
+    /// `--drain-timeout-seconds`.
+    pub const DRAIN_TIMEOUT_SECONDS: &str = "2";
+    /// `--shutdown-grace-seconds`.
+    pub const SHUTDOWN_GRACE_SECONDS: &str = "5";
+    /// `--base-dir`, upstream's.
+    pub const BASE_DIR: &str = "/app";
+}
+
+impl Config {
+    /// The defaults, listening on `listen` with `base_dir` (for embedding and tests).
+    pub fn new(listen: SocketAddr, base_dir: impl Into<PathBuf>) -> Self {
+        let size = |s: &str| parse_size(s).unwrap_or(0);
+        let secs = |s: &str| parse_seconds(s).unwrap_or(Duration::ZERO);
+        Self {
+            listen,
+            base_dir: base_dir.into(),
+            exec_timeout: secs(defaults::EXEC_TIMEOUT_SECONDS),
+            max_output_bytes: size(defaults::MAX_OUTPUT_BYTES),
+            max_processes: defaults::MAX_PROCESSES,
+            max_body_bytes: size(defaults::MAX_BODY_BYTES),
+            max_upload_bytes: size(defaults::MAX_UPLOAD_BYTES),
+            process_buffer_bytes: size(defaults::PROCESS_BUFFER_BYTES),
+            finished_retention: secs(defaults::FINISHED_RETENTION_SECONDS),
+            max_finished_processes: defaults::MAX_FINISHED_PROCESSES,
+            drain_timeout: secs(defaults::DRAIN_TIMEOUT_SECONDS),
+            shutdown_grace: secs(defaults::SHUTDOWN_GRACE_SECONDS),
+            worker_threads: 0,
+            harden: false,
+        }
+    }
+
+    /// Worker threads to start: the configured number, else one per CPU (as the cgroup allows),
+    /// at most 4.
+    pub fn effective_worker_threads(&self) -> usize {
+        if self.worker_threads > 0 {
+            return self.worker_threads;
+        }
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+            .min(4)
+    }
+}
+
+/// Command-line flags of `sandbox-runtime`, each with an environment fallback. Invalid values
+/// are errors that name the flag (clap reports them), never silently replaced by defaults.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Address to listen on.
+    #[arg(long, env = "SANDBOX_LISTEN", default_value_t = SocketAddr::from(([0, 0, 0, 0], RUNTIME_PORT)))]
+    pub listen: SocketAddr,
+    /// Directory all paths are confined to and commands start in (blank means the default, as
+    /// upstream).
+    #[arg(long, env = "SANDBOX_BASE_DIR", default_value = defaults::BASE_DIR)]
+    pub base_dir: PathBuf,
+    /// Default command timeout in seconds (fractions allowed; > 0).
+    #[arg(long = "exec-timeout-seconds", env = "SANDBOX_EXEC_TIMEOUT_SECONDS",
+          default_value = defaults::EXEC_TIMEOUT_SECONDS, value_parser = parse_seconds)]
+    pub exec_timeout: Duration,
+    /// Cap on the bytes kept of each of stdout and stderr per command (`64KiB`, `16MiB`, bytes).
+    #[arg(long, env = "SANDBOX_MAX_OUTPUT_BYTES", default_value = defaults::MAX_OUTPUT_BYTES,
+          value_parser = parse_size)]
+    pub max_output_bytes: u64,
+    /// Processes that may run at once; more get 429.
+    #[arg(long, env = "SANDBOX_MAX_PROCESSES", default_value_t = defaults::MAX_PROCESSES,
+          value_parser = parse_positive)]
+    pub max_processes: usize,
+    /// Largest JSON or stdin request body; larger get 413.
+    #[arg(long, env = "SANDBOX_MAX_BODY_BYTES", default_value = defaults::MAX_BODY_BYTES,
+          value_parser = parse_size)]
+    pub max_body_bytes: u64,
+    /// Largest file upload; larger get 413.
+    #[arg(long, env = "SANDBOX_MAX_UPLOAD_BYTES", default_value = defaults::MAX_UPLOAD_BYTES,
+          value_parser = parse_size)]
+    pub max_upload_bytes: u64,
+    /// Output bytes kept per background process for readers.
+    #[arg(long, env = "SANDBOX_PROCESS_BUFFER_BYTES", default_value = defaults::PROCESS_BUFFER_BYTES,
+          value_parser = parse_size)]
+    pub process_buffer_bytes: u64,
+    /// Seconds a finished background process stays listed.
+    #[arg(long = "finished-retention-seconds", env = "SANDBOX_FINISHED_RETENTION_SECONDS",
+          default_value = defaults::FINISHED_RETENTION_SECONDS, value_parser = parse_seconds)]
+    pub finished_retention: Duration,
+    /// Finished background processes that stay listed.
+    #[arg(long, env = "SANDBOX_MAX_FINISHED_PROCESSES", default_value_t = defaults::MAX_FINISHED_PROCESSES,
+          value_parser = parse_positive)]
+    pub max_finished_processes: usize,
+    /// Seconds to keep reading a command's output after its leader exits.
+    #[arg(long = "drain-timeout-seconds", env = "SANDBOX_DRAIN_TIMEOUT_SECONDS",
+          default_value = defaults::DRAIN_TIMEOUT_SECONDS, value_parser = parse_seconds)]
+    pub drain_timeout: Duration,
+    /// Seconds in-flight requests get after SIGTERM.
+    #[arg(long = "shutdown-grace-seconds", env = "SANDBOX_SHUTDOWN_GRACE_SECONDS",
+          default_value = defaults::SHUTDOWN_GRACE_SECONDS, value_parser = parse_seconds)]
+    pub shutdown_grace: Duration,
+    /// Tokio worker threads (0: one per CPU, at most 4).
+    #[arg(long, env = "SANDBOX_WORKER_THREADS", default_value_t = 0)]
+    pub worker_threads: usize,
+    /// Apply no_new_privs and Landlock (writes only beneath the base dir and /tmp) to commands.
+    #[arg(long, env = "SANDBOX_HARDEN")]
+    pub harden: bool,
+}
+
+impl Args {
+    /// The configuration these flags describe.
+    pub fn into_config(self) -> Config {
+        let base_dir = if self
+            .base_dir
+            .as_os_str()
+            .to_string_lossy()
+            .trim()
+            .is_empty()
+        {
+            PathBuf::from(defaults::BASE_DIR)
+        } else {
+            self.base_dir
+        };
+        Config {
+            listen: self.listen,
+            base_dir,
+            exec_timeout: self.exec_timeout,
+            max_output_bytes: self.max_output_bytes,
+            max_processes: self.max_processes,
+            max_body_bytes: self.max_body_bytes,
+            max_upload_bytes: self.max_upload_bytes,
+            process_buffer_bytes: self.process_buffer_bytes,
+            finished_retention: self.finished_retention,
+            max_finished_processes: self.max_finished_processes,
+            drain_timeout: self.drain_timeout,
+            shutdown_grace: self.shutdown_grace,
+            worker_threads: self.worker_threads,
+            harden: self.harden,
+        }
+    }
+}
+
+/// Parses a positive number of seconds (`300`, `0.5`).
+pub fn parse_seconds(value: &str) -> Result<Duration, String> {
+    let seconds: f64 = value
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{value}` is not a number of seconds"))?;
+    if !seconds.is_finite() || seconds <= 0.0 {
+        return Err(format!(
+            "`{value}` must be a finite number of seconds above 0"
+        ));
+    }
+    Duration::try_from_secs_f64(seconds).map_err(|e| format!("`{value}`: {e}"))
+}
+
+/// Parses a byte size: a number with an optional unit (`B`, `KiB`/`K`, `MiB`/`M`, `GiB`/`G`,
+/// binary multiples), above 0.
+pub fn parse_size(value: &str) -> Result<u64, String> {
+    let trimmed = value.trim();
+    let split = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(trimmed.len());
+    let (digits, unit) = trimmed.split_at(split);
+    let number: u64 = digits
+        .parse()
+        .map_err(|_| format!("`{value}` is not a size (e.g. 4096, 64KiB, 16MiB, 1GiB)"))?;
+    let multiplier: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        _ => {
+            return Err(format!(
+                "`{value}` has an unknown unit (use B, KiB, MiB or GiB)"
+            ));
+        }
+    };
+    let bytes = number
+        .checked_mul(multiplier)
+        .ok_or_else(|| format!("`{value}` is too large"))?;
+    if bytes == 0 {
+        return Err(format!("`{value}` must be above 0"));
+    }
+    Ok(bytes)
+}
+
+/// Parses a count above 0.
+pub fn parse_positive(value: &str) -> Result<usize, String> {
+    match value.trim().parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!("`{value}` must be a whole number above 0")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64KiB"), Ok(64 << 10));
+        assert_eq!(parse_size("16 MiB"), Ok(16 << 20));
+        assert_eq!(parse_size("1g"), Ok(1 << 30));
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("-1").is_err());
+        assert!(parse_size("1TiB").is_err());
+        assert!(parse_size("abc").is_err());
+        assert!(parse_size("99999999999999999999GiB").is_err());
+    }
+
+    #[test]
+    fn seconds() {
+        assert_eq!(parse_seconds("300"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_seconds("0.25"), Ok(Duration::from_millis(250)));
+        assert!(parse_seconds("0").is_err());
+        assert!(parse_seconds("-5").is_err());
+        assert!(parse_seconds("nan").is_err());
+        assert!(parse_seconds("inf").is_err());
+        assert!(parse_seconds("not-a-number").is_err());
+    }
+
+    #[test]
+    fn defaults_match_the_flags() {
+        let parsed = Cli::try_parse_from(["sandbox-runtime"])
+            .unwrap()
+            .args
+            .into_config();
+        let built = Config::new(parsed.listen, "/app");
+        assert_eq!(parsed.listen.port(), RUNTIME_PORT);
+        assert_eq!(parsed.base_dir, PathBuf::from("/app"));
+        assert_eq!(parsed.exec_timeout, Duration::from_secs(300));
+        assert_eq!(parsed.exec_timeout, built.exec_timeout);
+        assert_eq!(parsed.max_output_bytes, built.max_output_bytes);
+        assert_eq!(parsed.max_upload_bytes, built.max_upload_bytes);
+        assert_eq!(parsed.process_buffer_bytes, built.process_buffer_bytes);
+        assert_eq!(parsed.drain_timeout, built.drain_timeout);
+        assert!(!parsed.harden);
+    }
+
+    #[test]
+    fn invalid_values_name_the_flag() {
+        for (flag, value) in [
+            ("--exec-timeout-seconds", "abc"),
+            ("--exec-timeout-seconds", "0"),
+            ("--max-output-bytes", "lots"),
+            ("--max-processes", "0"),
+            ("--listen", "nowhere"),
+        ] {
+            let error = Cli::try_parse_from(["sandbox-runtime", flag, value]).unwrap_err();
+            assert!(error.to_string().contains(flag), "{flag}: {error}");
+        }
+    }
+
+    #[test]
+    fn blank_base_dir_means_the_default() {
+        let config = Cli::try_parse_from(["sandbox-runtime", "--base-dir", "  "])
+            .unwrap()
+            .args
+            .into_config();
+        assert_eq!(config.base_dir, PathBuf::from("/app"));
+    }
+}

@@ -1,0 +1,435 @@
+//! Upstream's python-runtime endpoints (`GET /`, `POST /execute`, `POST /upload`,
+//! `GET /download|list|exists/{path}`), with its JSON shapes, messages and status codes.
+//! Deliberate differences, all additive or stricter: `/execute` reports 127/126/124/2 instead of
+//! 1 for not found / not executable / timed out / bad quoting, keeps output on a timeout, adds
+//! the extension fields; uploads are streamed and atomic; symlinks out of the base directory
+//! and loops are refused with 403.
+
+use std::time::Duration;
+
+use agent_sandbox_api::runtime::v1::ErrorCode;
+use agent_sandbox_api::runtime::{
+    ACCESS_DENIED, EXECUTE_FAILED_PREFIX, ExecuteRequest, ExecuteResponse, ExistsResponse,
+    FILE_NOT_FOUND, HealthResponse, LIST_FAILED_PREFIX, MessageResponse, NOT_A_DIRECTORY,
+    UPLOAD_FAILED_PREFIX, UPLOAD_PART, ValidationErrorResponse,
+};
+use axum::body::Body;
+use axum::extract::{FromRequest, Multipart, Request, State as Extract};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+use tokio::time::Instant;
+
+use super::{ApiError, Flavor, State, decode_lossy, json, read_body, tail};
+use crate::exec::spawn::{spawn, spawn_failure_code, spawn_failure_message};
+use crate::exec::{Capture, Limits, Outcome, drive};
+use crate::files::{self, WriteError, blocking};
+use crate::paths::{Absolute, FsErrorKind, classify};
+
+pub(crate) async fn health() -> Response {
+    json(StatusCode::OK, &HealthResponse::ok())
+}
+
+fn validation(kind: &str, loc: &[&str], msg: impl Into<String>) -> Response {
+    json(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        &ValidationErrorResponse::one(kind, loc, msg),
+    )
+}
+
+/// FastAPI-shaped 422 for a body that is not a valid `ExecuteRequest`.
+fn invalid_body(error: &serde_json::Error) -> Response {
+    let text = error.to_string();
+    if let Some(field) = text
+        .strip_prefix("missing field `")
+        .and_then(|rest| rest.split('`').next())
+    {
+        return validation("missing", &["body", field], "Field required");
+    }
+    match error.classify() {
+        serde_json::error::Category::Data => validation("value_error", &["body"], text),
+        _ => validation(
+            "json_invalid",
+            &["body"],
+            format!("JSON decode error: {text}"),
+        ),
+    }
+}
+
+fn failed(stderr: String, exit_code: i32, started: Instant) -> Response {
+    json(
+        StatusCode::OK,
+        &ExecuteResponse {
+            stdout: String::new(),
+            stderr: format!("{EXECUTE_FAILED_PREFIX}{stderr}"),
+            exit_code,
+            timed_out: Some(false),
+            stdout_truncated: Some(false),
+            stderr_truncated: Some(false),
+            duration_ms: Some(u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX)),
+        },
+    )
+}
+
+pub(crate) async fn execute(
+    Extract(state): Extract<State>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let started = Instant::now();
+    let bytes = match read_body(&headers, body, state.config.max_body_bytes).await {
+        Ok(bytes) => bytes,
+        Err(error) => return error.into_api(Flavor::Legacy).into_response(),
+    };
+    if bytes.is_empty() {
+        return validation("missing", &["body"], "Field required");
+    }
+    let request: ExecuteRequest = match serde_json::from_slice(&bytes) {
+        Ok(request) => request,
+        Err(error) => return invalid_body(&error),
+    };
+    if state.shutdown.is_cancelled() {
+        return ApiError::shutting_down(Flavor::Legacy).into_response();
+    }
+    let argv = if request.shell == Some(true) {
+        vec![
+            "/bin/sh".to_owned(),
+            "-c".to_owned(),
+            request.command.clone(),
+        ]
+    } else {
+        match crate::split::split(&request.command) {
+            Ok(argv) if argv.is_empty() => return failed("no command given".into(), 1, started),
+            Ok(argv) => argv,
+            // A shell reports a syntax error with 2.
+            Err(error) => return failed(error.to_string(), 2, started),
+        }
+    };
+    let cwd = match super::v1::resolve_cwd(&state, request.cwd.as_deref(), Flavor::Legacy) {
+        Ok(cwd) => cwd,
+        Err(error) => return error.into_response(),
+    };
+    let env = match super::v1::check_env(request.env.as_ref(), Flavor::Legacy) {
+        Ok(env) => env,
+        Err(error) => return error.into_response(),
+    };
+    let timeout = match request.timeout_seconds {
+        None => state.config.exec_timeout,
+        Some(secs) => match super::v1::check_timeout(secs) {
+            Some(timeout) => timeout,
+            None => {
+                return validation(
+                    "value_error",
+                    &["body", "timeout_seconds"],
+                    "timeout_seconds must be a finite number above 0",
+                );
+            }
+        },
+    };
+    let cap = request
+        .max_output_bytes
+        .unwrap_or(u64::MAX)
+        .min(state.config.max_output_bytes);
+    let Ok(permit) = std::sync::Arc::clone(&state.permits).try_acquire_owned() else {
+        return ApiError::busy(Flavor::Legacy, state.config.max_processes).into_response();
+    };
+    let stdin = request.stdin.map(String::into_bytes);
+    let spec = crate::exec::CommandSpec {
+        argv,
+        cwd,
+        env,
+        stdin_piped: stdin.is_some(),
+    };
+    let spawned = match spawn(&spec, &state.groups, state.hardening.as_ref()) {
+        Ok(spawned) => spawned,
+        Err(error) => {
+            let program = spec.argv.first().map(String::as_str).unwrap_or_default();
+            return failed(
+                spawn_failure_message(&error, program),
+                spawn_failure_code(&error),
+                started,
+            );
+        }
+    };
+    let limits = Limits {
+        timeout: Some(timeout),
+        max_output_bytes: cap,
+        drain: state.config.drain_timeout,
+    };
+    let mut capture = Capture::default();
+    // Runs inside this handler: if the client disconnects, hyper drops this future and the
+    // group guard inside `drive` kills the whole group.
+    let cancel = state.shutdown.child_token();
+    let outcome = drive(spawned, stdin, limits, &mut capture, &cancel, started).await;
+    drop(permit);
+    json(StatusCode::OK, &legacy_response(&outcome, capture, timeout))
+}
+
+fn legacy_response(outcome: &Outcome, capture: Capture, timeout: Duration) -> ExecuteResponse {
+    let mut stderr = String::from_utf8_lossy(&capture.stderr).into_owned();
+    if outcome.timed_out {
+        if !stderr.is_empty() && !stderr.ends_with('\n') {
+            stderr.push('\n');
+        }
+        stderr.push_str(&format!(
+            "{EXECUTE_FAILED_PREFIX}Command timed out after {} seconds",
+            timeout.as_secs_f64()
+        ));
+    }
+    ExecuteResponse {
+        stdout: String::from_utf8_lossy(&capture.stdout).into_owned(),
+        stderr,
+        exit_code: outcome.legacy_exit_code(),
+        timed_out: Some(outcome.timed_out),
+        stdout_truncated: Some(outcome.stdout_truncated),
+        stderr_truncated: Some(outcome.stderr_truncated),
+        duration_ms: Some(u64::try_from(outcome.duration.as_millis()).unwrap_or(u64::MAX)),
+    }
+}
+
+/// A multipart field as a chunk source.
+struct FieldChunks<'a>(axum::extract::multipart::Field<'a>);
+
+impl files::Chunks for FieldChunks<'_> {
+    async fn next_chunk(&mut self) -> Result<Option<bytes::Bytes>, String> {
+        self.0.chunk().await.map_err(|e| e.body_text())
+    }
+}
+
+/// Writes the part named `file` of a multipart request to the path its filename gives
+/// (relative to the base directory). Shared by `/upload` and multipart `PUT /v1/files`.
+pub(crate) enum UploadOutcome {
+    Written { filename: String },
+    MissingFile,
+    NotAFile,
+    Refused(crate::paths::PathError),
+    Failed(WriteError),
+}
+
+pub(crate) async fn upload_part(
+    state: &State,
+    request: Request,
+    target: Option<std::path::PathBuf>,
+    mode: Option<u32>,
+) -> UploadOutcome {
+    let Ok(mut multipart) = Multipart::from_request(request, &()).await else {
+        return UploadOutcome::MissingFile;
+    };
+    loop {
+        let field = match multipart.next_field().await {
+            Ok(Some(field)) => field,
+            Ok(None) => return UploadOutcome::MissingFile,
+            Err(error) => return UploadOutcome::Failed(WriteError::Body(error.body_text())),
+        };
+        if field.name() != Some(UPLOAD_PART) {
+            continue;
+        }
+        let Some(filename) = field.file_name().map(str::to_owned) else {
+            return UploadOutcome::NotAFile;
+        };
+        let rel = match target {
+            Some(rel) => rel,
+            None => match state.root.relative(&filename, Absolute::StripLeadingSlash) {
+                Ok(rel) => rel,
+                Err(error) => return UploadOutcome::Refused(error),
+            },
+        };
+        let mut chunks = FieldChunks(field);
+        return match files::write_atomic(
+            std::sync::Arc::clone(&state.root),
+            rel,
+            mode,
+            state.config.max_upload_bytes,
+            &mut chunks,
+        )
+        .await
+        {
+            Ok(_) => UploadOutcome::Written { filename },
+            Err(error) => UploadOutcome::Failed(error),
+        };
+    }
+}
+
+pub(crate) async fn upload(Extract(state): Extract<State>, request: Request) -> Response {
+    if super::content_length(request.headers())
+        .is_some_and(|len| len > state.config.max_upload_bytes)
+    {
+        return too_large(&state);
+    }
+    match upload_part(&state, request, None, None).await {
+        UploadOutcome::Written { filename, .. } => {
+            json(StatusCode::OK, &MessageResponse::uploaded(&filename))
+        }
+        UploadOutcome::MissingFile => validation("missing", &["body", "file"], "Field required"),
+        UploadOutcome::NotAFile => validation(
+            "value_error",
+            &["body", "file"],
+            "Value error, Expected UploadFile, received: <class 'str'>",
+        ),
+        UploadOutcome::Refused(_) => {
+            ApiError::legacy(StatusCode::FORBIDDEN, ACCESS_DENIED).into_response()
+        }
+        UploadOutcome::Failed(WriteError::TooLarge { .. }) => too_large(&state),
+        UploadOutcome::Failed(WriteError::Fs(error))
+            if matches!(classify(&error), FsErrorKind::Escapes | FsErrorKind::Loop) =>
+        {
+            ApiError::legacy(StatusCode::FORBIDDEN, ACCESS_DENIED).into_response()
+        }
+        UploadOutcome::Failed(WriteError::NotAFileName) => ApiError::legacy(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("{UPLOAD_FAILED_PREFIX}[Errno 21] Is a directory"),
+        )
+        .into_response(),
+        UploadOutcome::Failed(error) => ApiError::legacy(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("{UPLOAD_FAILED_PREFIX}{error}"),
+        )
+        .into_response(),
+    }
+}
+
+fn too_large(state: &State) -> Response {
+    ApiError::new(
+        Flavor::Legacy,
+        ErrorCode::PayloadTooLarge,
+        format!(
+            "{UPLOAD_FAILED_PREFIX}the file is larger than {} bytes",
+            state.config.max_upload_bytes
+        ),
+    )
+    .into_response()
+}
+
+/// The path of a legacy `{path}` endpoint: the URL path is percent-decoded (as the ASGI server
+/// does) and then unquoted once more (as upstream's handler does).
+fn legacy_path(uri: &Uri, prefix: &str) -> String {
+    decode_lossy(&decode_lossy(tail(uri, prefix)))
+}
+
+fn access_denied() -> Response {
+    ApiError::legacy(StatusCode::FORBIDDEN, ACCESS_DENIED).into_response()
+}
+
+/// Characters Python's `urllib.parse.quote` leaves alone by default (plus `/`).
+const QUOTE_SAFE: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'-')
+    .remove(b'~')
+    .remove(b'/');
+
+/// Starlette's `Content-Disposition` for a download named `filename`.
+pub(crate) fn content_disposition(filename: &str) -> String {
+    let quoted = utf8_percent_encode(filename, QUOTE_SAFE).to_string();
+    if quoted == filename {
+        format!("attachment; filename=\"{filename}\"")
+    } else {
+        format!("attachment; filename*=utf-8''{quoted}")
+    }
+}
+
+/// A streamed file body of `size` bytes.
+pub(crate) fn file_response(
+    file: std::fs::File,
+    size: u64,
+    content_type: &'static str,
+) -> Response {
+    let stream =
+        tokio_util::io::ReaderStream::with_capacity(tokio::fs::File::from_std(file), 128 * 1024);
+    let mut response = Response::new(Body::from_stream(stream));
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(size));
+    response
+}
+
+pub(crate) async fn download(Extract(state): Extract<State>, uri: Uri) -> Response {
+    let path = legacy_path(&uri, "/download/");
+    let Ok(rel) = state.root.relative(&path, Absolute::StripLeadingSlash) else {
+        return access_denied();
+    };
+    let root = std::sync::Arc::clone(&state.root);
+    match blocking(move || files::open_read(&root, &rel)).await {
+        Ok((file, size)) => {
+            let mut response = file_response(file, size, "application/octet-stream");
+            if let Ok(value) = HeaderValue::from_str(&content_disposition(&path)) {
+                response
+                    .headers_mut()
+                    .insert(header::CONTENT_DISPOSITION, value);
+            }
+            response
+        }
+        Err(error) => match classify(&error) {
+            FsErrorKind::Escapes | FsErrorKind::Loop | FsErrorKind::PermissionDenied => {
+                access_denied()
+            }
+            _ => ApiError::legacy(StatusCode::NOT_FOUND, FILE_NOT_FOUND).into_response(),
+        },
+    }
+}
+
+pub(crate) async fn list(Extract(state): Extract<State>, uri: Uri) -> Response {
+    let path = legacy_path(&uri, "/list/");
+    let Ok(rel) = state.root.relative(&path, Absolute::StripLeadingSlash) else {
+        return access_denied();
+    };
+    let root = std::sync::Arc::clone(&state.root);
+    match blocking(move || files::list_legacy(&root, &rel)).await {
+        Ok(entries) => json(StatusCode::OK, &entries),
+        Err(error) => match classify(&error) {
+            FsErrorKind::Escapes | FsErrorKind::Loop | FsErrorKind::PermissionDenied => {
+                access_denied()
+            }
+            FsErrorKind::NotFound | FsErrorKind::NotADirectory => {
+                ApiError::legacy(StatusCode::NOT_FOUND, NOT_A_DIRECTORY).into_response()
+            }
+            _ => ApiError::legacy(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("{LIST_FAILED_PREFIX}{error}"),
+            )
+            .into_response(),
+        },
+    }
+}
+
+pub(crate) async fn exists(Extract(state): Extract<State>, uri: Uri) -> Response {
+    let path = legacy_path(&uri, "/exists/");
+    let Ok(rel) = state.root.relative(&path, Absolute::StripLeadingSlash) else {
+        return access_denied();
+    };
+    let root = std::sync::Arc::clone(&state.root);
+    match blocking(move || root.dir().metadata(&rel)).await {
+        Ok(_) => json(StatusCode::OK, &ExistsResponse { path, exists: true }),
+        Err(error) => match classify(&error) {
+            FsErrorKind::Escapes | FsErrorKind::Loop => access_denied(),
+            _ => json(
+                StatusCode::OK,
+                &ExistsResponse {
+                    path,
+                    exists: false,
+                },
+            ),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_disposition_like_starlette() {
+        assert_eq!(
+            content_disposition("docs/report.txt"),
+            "attachment; filename=\"docs/report.txt\""
+        );
+        assert_eq!(
+            content_disposition("a b.txt"),
+            "attachment; filename*=utf-8''a%20b.txt"
+        );
+        assert_eq!(
+            content_disposition("é.txt"),
+            "attachment; filename*=utf-8''%C3%A9.txt"
+        );
+    }
+}

@@ -1,0 +1,356 @@
+//! The HTTP surface: shared state, the router, error bodies and request-body limits. The
+//! handlers are in [`legacy`] (upstream's endpoints, byte-compatible), [`v1`] (streaming exec
+//! and background processes) and [`files`] (`/v1/files`).
+
+mod files;
+mod legacy;
+mod v1;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use agent_sandbox_api::runtime::v1::{ErrorBody, ErrorCode, ExecEvent};
+use agent_sandbox_api::runtime::{DetailResponse, MessageResponse};
+use axum::Router;
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get, post};
+use bytes::Bytes;
+use http_body_util::BodyExt as _;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::Config;
+use crate::exec::groups::Groups;
+use crate::harden::Hardening;
+use crate::paths::{FsErrorKind, PathError, Root};
+use crate::processes::Table;
+
+/// Everything the handlers share.
+#[derive(Debug)]
+pub(crate) struct AppState {
+    pub(crate) config: Config,
+    pub(crate) root: Arc<Root>,
+    pub(crate) groups: Arc<Groups>,
+    /// One permit per running process.
+    pub(crate) permits: Arc<Semaphore>,
+    pub(crate) processes: Table,
+    /// Owns the drivers of streamed and background commands.
+    pub(crate) tracker: TaskTracker,
+    /// Cancelled when shutdown starts.
+    pub(crate) shutdown: CancellationToken,
+    pub(crate) hardening: Option<Hardening>,
+    pub(crate) started: Instant,
+}
+
+pub(crate) type State = Arc<AppState>;
+
+pub(crate) fn router(state: State) -> Router {
+    Router::new()
+        .route("/", get(legacy::health))
+        .route("/execute", post(legacy::execute))
+        .route("/upload", post(legacy::upload))
+        .route("/download/", get(legacy::download))
+        .route("/download/{*path}", get(legacy::download))
+        .route("/list/", get(legacy::list))
+        .route("/list/{*path}", get(legacy::list))
+        .route("/exists/", get(legacy::exists))
+        .route("/exists/{*path}", get(legacy::exists))
+        .route("/v1/health", get(v1::health))
+        .route("/v1/exec", post(v1::exec))
+        .route("/v1/processes", post(v1::start).get(v1::list))
+        .route("/v1/processes/{id}", get(v1::get).delete(v1::delete))
+        .route("/v1/processes/{id}/output", get(v1::output))
+        .route("/v1/processes/{id}/stdin", post(v1::stdin))
+        .route("/v1/processes/{id}/signal", post(v1::signal))
+        .route("/v1/files", any(files::files))
+        .route("/v1/files/", any(files::files))
+        .route("/v1/files/{*path}", any(files::files))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        // Bodies are limited by the handlers themselves (413 in the endpoint's error shape);
+        // axum's default 2 MB cap would cut uploads off.
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .with_state(state)
+}
+
+/// Unknown paths: FastAPI's `{"detail": "Not Found"}` outside `/v1`, our error shape inside.
+async fn not_found(uri: Uri) -> Response {
+    if uri.path().starts_with("/v1/") {
+        ApiError::v1(
+            ErrorCode::NotFound,
+            format!("no endpoint at {}", uri.path()),
+        )
+        .into_response()
+    } else {
+        (
+            StatusCode::NOT_FOUND,
+            axum::Json(DetailResponse::new("Not Found")),
+        )
+            .into_response()
+    }
+}
+
+async fn method_not_allowed(uri: Uri) -> Response {
+    if uri.path().starts_with("/v1/") {
+        ApiError::v1(
+            ErrorCode::MethodNotAllowed,
+            format!("method not allowed on {}", uri.path()),
+        )
+        .into_response()
+    } else {
+        (
+            StatusCode::METHOD_NOT_ALLOWED,
+            axum::Json(DetailResponse::new("Method Not Allowed")),
+        )
+            .into_response()
+    }
+}
+
+/// Which error shape an endpoint speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Flavor {
+    /// `{"message": "..."}` (upstream's python runtime).
+    Legacy,
+    /// `{"code": "...", "message": "..."}`.
+    V1,
+}
+
+/// An error answer; always JSON.
+#[derive(Debug)]
+pub(crate) struct ApiError {
+    status: StatusCode,
+    code: ErrorCode,
+    message: String,
+    flavor: Flavor,
+}
+
+pub(crate) fn status_of(code: ErrorCode) -> StatusCode {
+    match code {
+        ErrorCode::InvalidArgument => StatusCode::BAD_REQUEST,
+        ErrorCode::PermissionDenied => StatusCode::FORBIDDEN,
+        ErrorCode::NotFound => StatusCode::NOT_FOUND,
+        ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+        ErrorCode::Conflict => StatusCode::CONFLICT,
+        ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        ErrorCode::SpawnFailed => StatusCode::UNPROCESSABLE_ENTITY,
+        ErrorCode::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+        ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        ErrorCode::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+    }
+}
+
+impl ApiError {
+    pub(crate) fn v1(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            status: status_of(code),
+            code,
+            message: message.into(),
+            flavor: Flavor::V1,
+        }
+    }
+
+    pub(crate) fn legacy(status: StatusCode, message: impl Into<String>) -> Self {
+        let code = match status {
+            StatusCode::FORBIDDEN => ErrorCode::PermissionDenied,
+            StatusCode::NOT_FOUND => ErrorCode::NotFound,
+            StatusCode::PAYLOAD_TOO_LARGE => ErrorCode::PayloadTooLarge,
+            StatusCode::TOO_MANY_REQUESTS => ErrorCode::ResourceExhausted,
+            StatusCode::SERVICE_UNAVAILABLE => ErrorCode::Unavailable,
+            StatusCode::BAD_REQUEST => ErrorCode::InvalidArgument,
+            _ => ErrorCode::Internal,
+        };
+        Self {
+            status,
+            code,
+            message: message.into(),
+            flavor: Flavor::Legacy,
+        }
+    }
+
+    pub(crate) fn new(flavor: Flavor, code: ErrorCode, message: impl Into<String>) -> Self {
+        match flavor {
+            Flavor::V1 => Self::v1(code, message),
+            Flavor::Legacy => Self::legacy(status_of(code), message),
+        }
+    }
+
+    /// 429 when every process slot is taken.
+    pub(crate) fn busy(flavor: Flavor, limit: usize) -> Self {
+        Self::new(
+            flavor,
+            ErrorCode::ResourceExhausted,
+            format!("too many processes are running (limit {limit}); retry later"),
+        )
+    }
+
+    pub(crate) fn shutting_down(flavor: Flavor) -> Self {
+        Self::new(
+            flavor,
+            ErrorCode::Unavailable,
+            "the runtime is shutting down",
+        )
+    }
+
+    /// A path refused before touching the filesystem.
+    pub(crate) fn path(flavor: Flavor, error: PathError) -> Self {
+        match (flavor, error) {
+            (Flavor::Legacy, _) => Self::legacy(
+                StatusCode::FORBIDDEN,
+                agent_sandbox_api::runtime::ACCESS_DENIED,
+            ),
+            (Flavor::V1, PathError::Nul) => Self::v1(ErrorCode::InvalidArgument, error.to_string()),
+            (Flavor::V1, PathError::Escapes) => {
+                Self::v1(ErrorCode::PermissionDenied, error.to_string())
+            }
+        }
+    }
+
+    /// A filesystem error on `what` (a client path), as `/v1` reports it.
+    pub(crate) fn fs_v1(error: &std::io::Error, what: &str) -> Self {
+        let (code, text) = match crate::paths::classify(error) {
+            FsErrorKind::Escapes => (
+                ErrorCode::PermissionDenied,
+                "leads outside the base directory".to_owned(),
+            ),
+            FsErrorKind::Loop => (
+                ErrorCode::InvalidArgument,
+                "has too many levels of symbolic links".to_owned(),
+            ),
+            FsErrorKind::NotFound | FsErrorKind::NotADirectory => {
+                (ErrorCode::NotFound, "does not exist".to_owned())
+            }
+            FsErrorKind::IsADirectory => (ErrorCode::Conflict, "is a directory".to_owned()),
+            FsErrorKind::NotEmpty => (
+                ErrorCode::Conflict,
+                "is a non-empty directory (use recursive=true)".to_owned(),
+            ),
+            FsErrorKind::AlreadyExists => (
+                ErrorCode::Conflict,
+                "already exists and is not a directory".to_owned(),
+            ),
+            FsErrorKind::PermissionDenied => (
+                ErrorCode::PermissionDenied,
+                format!("is not accessible: {error}"),
+            ),
+            FsErrorKind::Other => (ErrorCode::Internal, format!("failed: {error}")),
+        };
+        Self::v1(code, format!("path '{what}' {text}"))
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = match self.flavor {
+            Flavor::Legacy => {
+                (self.status, axum::Json(MessageResponse::new(self.message))).into_response()
+            }
+            Flavor::V1 => (
+                self.status,
+                axum::Json(ErrorBody::new(self.code, self.message)),
+            )
+                .into_response(),
+        };
+        if self.status == StatusCode::TOO_MANY_REQUESTS
+            || self.status == StatusCode::SERVICE_UNAVAILABLE
+        {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
+    }
+}
+
+/// Why a body could not be read.
+#[derive(Debug)]
+pub(crate) enum BodyError {
+    TooLarge(u64),
+    Read(String),
+}
+
+impl BodyError {
+    pub(crate) fn into_api(self, flavor: Flavor) -> ApiError {
+        match self {
+            Self::TooLarge(limit) => ApiError::new(
+                flavor,
+                ErrorCode::PayloadTooLarge,
+                format!("the request body is larger than {limit} bytes"),
+            ),
+            Self::Read(e) => ApiError::new(
+                flavor,
+                ErrorCode::InvalidArgument,
+                format!("failed to read the request body: {e}"),
+            ),
+        }
+    }
+}
+
+/// The declared `Content-Length`, if any.
+pub(crate) fn content_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+}
+
+/// Reads a whole body of at most `limit` bytes.
+pub(crate) async fn read_body(
+    headers: &HeaderMap,
+    body: Body,
+    limit: u64,
+) -> Result<Bytes, BodyError> {
+    if content_length(headers).is_some_and(|len| len > limit) {
+        return Err(BodyError::TooLarge(limit));
+    }
+    let limited = http_body_util::Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX));
+    match limited.collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) => {
+            if error
+                .downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some()
+            {
+                Err(BodyError::TooLarge(limit))
+            } else {
+                Err(BodyError::Read(error.to_string()))
+            }
+        }
+    }
+}
+
+/// A JSON response.
+pub(crate) fn json<T: serde::Serialize>(status: StatusCode, value: &T) -> Response {
+    (status, axum::Json(value)).into_response()
+}
+
+/// One NDJSON line.
+pub(crate) fn ndjson_line(event: &ExecEvent) -> Bytes {
+    let mut line = serde_json::to_vec(event).unwrap_or_else(|_| b"{}".to_vec());
+    line.push(b'\n');
+    Bytes::from(line)
+}
+
+/// A streamed NDJSON response.
+pub(crate) fn ndjson_response(body: Body) -> Response {
+    let mut response = Response::new(body);
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(agent_sandbox_api::runtime::v1::NDJSON_CONTENT_TYPE),
+    );
+    response
+}
+
+/// The part of the request path after `prefix` (raw, still percent-encoded).
+pub(crate) fn tail<'a>(uri: &'a Uri, prefix: &str) -> &'a str {
+    uri.path().strip_prefix(prefix).unwrap_or("")
+}
+
+/// Percent-decodes a path (lossy, as Python's `unquote`).
+pub(crate) fn decode_lossy(raw: &str) -> String {
+    percent_encoding::percent_decode_str(raw)
+        .decode_utf8_lossy()
+        .into_owned()
+}

@@ -1,0 +1,649 @@
+//! The HTTP API server: routes Kubernetes API paths to the object semantics in [`crate::ops`],
+//! negotiates JSON, `Table` and `PartialObjectMetadata` output, streams watches and pod logs,
+//! upgrades port-forward requests, and counts every request.
+
+mod discovery;
+mod openapi;
+pub(crate) mod path;
+pub(crate) mod table;
+pub(crate) mod watch;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use serde_json::{Value, json};
+
+use crate::admission::FieldValidation;
+use crate::meta;
+use crate::metrics::Metrics;
+use crate::ops::{Cluster, DeleteOptions, PatchType, Propagation, Subresource, WriteOptions};
+use crate::resources::{Builtin, ResourceInfo};
+use crate::selector::{FieldSelector, LabelSelector, Selectors};
+use crate::status::{ApiError, ApiResult};
+use path::{ResourcePath, Route};
+use table::IncludeObject;
+use watch::Format;
+
+/// Largest request body accepted (CRDs with embedded pod templates are large).
+const MAX_BODY: usize = 64 * 1024 * 1024;
+
+/// What the handlers share.
+#[derive(Debug)]
+pub(crate) struct ApiState {
+    pub(crate) cluster: Arc<Cluster>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) pods_dir: PathBuf,
+    /// `host:port` the server answers on.
+    pub(crate) server: String,
+    pub(crate) bookmark_interval: Duration,
+    /// Connection tasks (port-forward relays), aborted when the sim stops.
+    pub(crate) tasks: std::sync::Mutex<tokio::task::JoinSet<()>>,
+    /// Bumped to end every open watch (what an API server restart does).
+    pub(crate) watch_epoch: tokio::sync::watch::Sender<u64>,
+}
+
+impl ApiState {
+    /// Runs a connection task owned by the server.
+    pub(crate) fn spawn<F>(&self, task: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let mut tasks = self
+            .tasks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        while tasks.try_join_next().is_some() {}
+        tasks.spawn(task);
+    }
+
+    /// Aborts every connection task.
+    pub(crate) fn abort_tasks(&self) {
+        self.tasks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .abort_all();
+    }
+}
+
+/// The router.
+pub(crate) fn router(state: Arc<ApiState>) -> Router {
+    Router::new().fallback(handle).with_state(state)
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let code = StatusCode::from_u16(self.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        json_response(code, &self.to_status(), &[])
+    }
+}
+
+fn json_response(code: StatusCode, body: &Value, warnings: &[String]) -> Response {
+    let mut response = (code, body.to_string()).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    for warning in warnings {
+        let text = format!("299 - \"{}\"", warning.replace('"', "\\\""));
+        if let Ok(value) = HeaderValue::from_str(&text) {
+            headers.append(header::WARNING, value);
+        }
+    }
+    response
+}
+
+type Query = HashMap<String, String>;
+
+fn parse_query(query: Option<&str>) -> Query {
+    form_urlencoded::parse(query.unwrap_or_default().as_bytes())
+        .into_owned()
+        .collect()
+}
+
+fn flag(query: &Query, name: &str) -> Option<bool> {
+    query.get(name).map(|v| v == "true" || v == "1")
+}
+
+async fn handle(State(state): State<Arc<ApiState>>, mut request: Request) -> Response {
+    let path = request.uri().path().to_owned();
+    let query = parse_query(request.uri().query());
+    let route = path::parse(&path);
+    let result = match route {
+        Route::Version => Ok(json_response(StatusCode::OK, &discovery::version(), &[])),
+        Route::Health => Ok((StatusCode::OK, "ok").into_response()),
+        Route::Metrics => Ok((
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+            state.metrics.render(),
+        )
+            .into_response()),
+        Route::CoreVersions => Ok(json_response(
+            StatusCode::OK,
+            &discovery::core_versions(&state.server),
+            &[],
+        )),
+        Route::Groups => Ok(json_response(
+            StatusCode::OK,
+            &discovery::groups(&state.cluster.store.registry()),
+            &[],
+        )),
+        Route::Group(group) => discovery::group(&state.cluster.store.registry(), &group)
+            .map(|doc| json_response(StatusCode::OK, &doc, &[]))
+            .ok_or_else(|| ApiError::no_route(&path)),
+        Route::Resources { group, version } => {
+            discovery::resources(&state.cluster.store.registry(), &group, &version)
+                .map(|doc| json_response(StatusCode::OK, &doc, &[]))
+                .ok_or_else(|| ApiError::no_route(&path))
+        }
+        // kubectl asks for the protobuf form, which the sim does not produce.
+        Route::OpenApiV2 => Err(ApiError::no_route(&path)),
+        Route::OpenApiV3 => Ok(json_response(
+            StatusCode::OK,
+            &openapi::v3_root(&state.cluster.store.registry()),
+            &[],
+        )),
+        Route::OpenApiV3GroupVersion { group, version } => {
+            openapi::v3_group_version(&state.cluster.store.registry(), &group, &version)
+                .map(|doc| json_response(StatusCode::OK, &doc, &[]))
+                .ok_or_else(|| ApiError::no_route(&path))
+        }
+        Route::Resource(target) => {
+            let upgrade = if target.subresource.as_deref() == Some("portforward") {
+                Some(hyper::upgrade::on(&mut request))
+            } else {
+                None
+            };
+            resource(&state, request, target, query, upgrade).await
+        }
+        Route::NotFound => Err(ApiError::no_route(&path)),
+    };
+    result.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// How the client wants objects: `Table`, `PartialObjectMetadata` or plain JSON.
+fn output_format(headers: &HeaderMap, query: &Query) -> Format {
+    let accept = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    let first_supported = accept.split(',').map(str::trim).find(|part| {
+        part.starts_with("application/json") || part.starts_with("*/*") || part.is_empty()
+    });
+    match first_supported {
+        Some(part) if part.contains("as=Table") => Format::Table(IncludeObject::parse(
+            query.get("includeObject").map(String::as_str),
+        )),
+        Some(part) if part.contains("as=PartialObjectMetadata") => Format::PartialMetadata,
+        _ => Format::Object,
+    }
+}
+
+fn user_agent_manager(headers: &HeaderMap) -> String {
+    let agent = headers
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    let prefix = agent.split('/').next().unwrap_or_default().trim();
+    if prefix.is_empty() {
+        "unknown".to_owned()
+    } else {
+        prefix.to_owned()
+    }
+}
+
+fn write_options(headers: &HeaderMap, query: &Query, apply: bool) -> WriteOptions {
+    let manager = query
+        .get("fieldManager")
+        .cloned()
+        .filter(|m| !m.is_empty())
+        .unwrap_or_else(|| {
+            if apply {
+                String::new()
+            } else {
+                user_agent_manager(headers)
+            }
+        });
+    WriteOptions {
+        manager,
+        validation: FieldValidation::parse(query.get("fieldValidation").map(String::as_str)),
+        dry_run: query.get("dryRun").is_some_and(|v| v == "All"),
+        force: flag(query, "force").unwrap_or(false),
+    }
+}
+
+fn parse_body(bytes: &[u8], yaml_allowed: bool) -> ApiResult<Value> {
+    match serde_json::from_slice::<Value>(bytes) {
+        Ok(value) => Ok(value),
+        Err(json_error) if yaml_allowed => {
+            let text = std::str::from_utf8(bytes)
+                .map_err(|_| ApiError::bad_request("the request body is not UTF-8"))?;
+            serde_saphyr::from_str::<Value>(text).map_err(|error| {
+                ApiError::bad_request(format!(
+                    "error decoding YAML: {error} (and as JSON: {json_error})"
+                ))
+            })
+        }
+        Err(error) => Err(ApiError::bad_request(format!(
+            "the request body is not valid JSON: {error}"
+        ))),
+    }
+}
+
+fn resource_label(info: &ResourceInfo, sub: Option<&str>) -> String {
+    match sub {
+        Some(sub) => format!("{}/{sub}", info.plural),
+        None => info.plural.clone(),
+    }
+}
+
+fn subresource(info: &ResourceInfo, sub: Option<&str>) -> ApiResult<Subresource> {
+    match sub {
+        None => Ok(Subresource::Main),
+        Some("status") if info.status => Ok(Subresource::Status),
+        Some("scale") if info.scale.is_some() => Ok(Subresource::Scale),
+        Some(other) => Err(ApiError::no_route(&format!("{}/{other}", info.plural))),
+    }
+}
+
+fn list_kind(info: &ResourceInfo) -> String {
+    format!("{}List", info.kind)
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct ContinueToken {
+    rv: String,
+    after: String,
+}
+
+async fn resource(
+    state: &Arc<ApiState>,
+    request: Request,
+    target: ResourcePath,
+    query: Query,
+    upgrade: Option<hyper::upgrade::OnUpgrade>,
+) -> ApiResult<Response> {
+    let info = state
+        .cluster
+        .resource(&target.group, &target.version, &target.plural)
+        .ok_or_else(|| ApiError::no_route(request.uri().path()))?;
+    if target.namespace.is_some() && !info.namespaced {
+        return Err(ApiError::no_route(request.uri().path()));
+    }
+    let namespace = target.namespace.clone().unwrap_or_default();
+    let method = request.method().clone();
+    let headers = request.headers().clone();
+    let sub = target.subresource.as_deref();
+    let label = resource_label(&info, sub);
+    let count = |verb: &str| state.metrics.count(verb, &info.group, &label);
+
+    // Pod subresources served by the kubelet side.
+    if info.builtin == Builtin::Pod
+        && let (Some(name), Some(kind @ ("log" | "portforward"))) = (target.name.as_deref(), sub)
+    {
+        if kind == "log" {
+            count("get");
+            return crate::logs::serve(state, &info, &namespace, name, &query).await;
+        }
+        count("connect");
+        return crate::portforward::serve(state, &namespace, name, &headers, &query, upgrade).await;
+    }
+
+    let Some(name) = target.name.clone() else {
+        return collection(state, request, &info, target, query, &method, &headers).await;
+    };
+    if info.namespaced && target.namespace.is_none() {
+        return Err(ApiError::no_route(request.uri().path()));
+    }
+    let subresource = subresource(&info, sub)?;
+    let format = output_format(&headers, &query);
+    match method {
+        Method::GET => {
+            count("get");
+            let object = if subresource == Subresource::Scale {
+                state.cluster.get_scale(&info, &namespace, &name)?
+            } else {
+                state.cluster.get(&info, &namespace, &name)?
+            };
+            Ok(render_one(&info, object, format))
+        }
+        Method::PUT => {
+            count("update");
+            let body = read_body(request).await?;
+            let value = parse_body(&body, true)?;
+            let options = write_options(&headers, &query, false);
+            let written =
+                state
+                    .cluster
+                    .update(&info, &namespace, &name, value, subresource, &options)?;
+            let object = state
+                .cluster
+                .present_for(&info, subresource, written.object);
+            Ok(json_response(StatusCode::OK, &object, &written.warnings))
+        }
+        Method::PATCH => {
+            let content_type = headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .split(';')
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .to_owned();
+            let patch_type = match content_type.as_str() {
+                "application/merge-patch+json" => PatchType::Merge,
+                "application/json-patch+json" => PatchType::Json,
+                "application/strategic-merge-patch+json" => PatchType::Strategic,
+                "application/apply-patch+yaml" | "application/apply-patch+json" => PatchType::Apply,
+                other => {
+                    count("patch");
+                    return Err(ApiError::unsupported_media_type(format!(
+                        "the body of the request was in an unknown format ({other}) - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json"
+                    )));
+                }
+            };
+            count(if patch_type == PatchType::Apply {
+                "apply"
+            } else {
+                "patch"
+            });
+            let body = read_body(request).await?;
+            let value = parse_body(&body, patch_type == PatchType::Apply)?;
+            let options = write_options(&headers, &query, patch_type == PatchType::Apply);
+            let written = state.cluster.patch(
+                &info,
+                &namespace,
+                &name,
+                patch_type,
+                &value,
+                subresource,
+                &options,
+            )?;
+            let object = state
+                .cluster
+                .present_for(&info, subresource, written.object);
+            let code = if written.created {
+                StatusCode::CREATED
+            } else {
+                StatusCode::OK
+            };
+            Ok(json_response(code, &object, &written.warnings))
+        }
+        Method::DELETE => {
+            count("delete");
+            let body = read_body(request).await?;
+            let options = delete_options(&body, &query)?;
+            let (object, _) = state.cluster.delete(&info, &namespace, &name, &options)?;
+            Ok(json_response(StatusCode::OK, &object, &[]))
+        }
+        other => Err(ApiError::method_not_allowed(format!(
+            "the server does not allow this method on the requested resource ({other})"
+        ))),
+    }
+}
+
+fn render_one(info: &ResourceInfo, object: Value, format: Format) -> Response {
+    let rendered = match format {
+        Format::Table(include) => {
+            let rv = meta::resource_version(&object).to_owned();
+            table::render(info, &[object], &rv, include)
+        }
+        other => watch::render_object(info, &object, other),
+    };
+    json_response(StatusCode::OK, &rendered, &[])
+}
+
+async fn read_body(request: Request) -> ApiResult<bytes::Bytes> {
+    axum::body::to_bytes(request.into_body(), MAX_BODY)
+        .await
+        .map_err(|error| ApiError::bad_request(format!("cannot read the request body: {error}")))
+}
+
+fn delete_options(body: &[u8], query: &Query) -> ApiResult<DeleteOptions> {
+    let parsed = if body.iter().all(u8::is_ascii_whitespace) {
+        json!({})
+    } else {
+        parse_body(body, false)?
+    };
+    let text = |field: &str| {
+        parsed
+            .get(field)
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .or_else(|| query.get(field).cloned())
+    };
+    let propagation = match text("propagationPolicy").as_deref() {
+        Some("Orphan") => Propagation::Orphan,
+        Some("Foreground") => Propagation::Foreground,
+        Some("Background") | None => {
+            if parsed.get("orphanDependents").and_then(Value::as_bool) == Some(true)
+                || flag(query, "orphanDependents") == Some(true)
+            {
+                Propagation::Orphan
+            } else {
+                Propagation::Background
+            }
+        }
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "unsupported propagationPolicy {other:?}"
+            )));
+        }
+    };
+    let grace_period = parsed
+        .get("gracePeriodSeconds")
+        .and_then(Value::as_i64)
+        .or_else(|| query.get("gracePeriodSeconds").and_then(|v| v.parse().ok()));
+    let dry_run = parsed
+        .get("dryRun")
+        .and_then(Value::as_array)
+        .is_some_and(|items| items.iter().any(|v| v == "All"))
+        || query.get("dryRun").is_some_and(|v| v == "All");
+    Ok(DeleteOptions {
+        propagation,
+        grace_period,
+        uid: parsed
+            .pointer("/preconditions/uid")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+        resource_version: parsed
+            .pointer("/preconditions/resourceVersion")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+        dry_run,
+    })
+}
+
+fn selectors(query: &Query) -> ApiResult<Selectors> {
+    Ok(Selectors {
+        labels: LabelSelector::parse(
+            query
+                .get("labelSelector")
+                .map(String::as_str)
+                .unwrap_or_default(),
+        )
+        .map_err(|why| ApiError::bad_request(format!("unable to parse requirement: {why}")))?,
+        fields: FieldSelector::parse(
+            query
+                .get("fieldSelector")
+                .map(String::as_str)
+                .unwrap_or_default(),
+        )
+        .map_err(|why| ApiError::bad_request(format!("invalid field selector: {why}")))?,
+    })
+}
+
+async fn collection(
+    state: &Arc<ApiState>,
+    request: Request,
+    info: &Arc<ResourceInfo>,
+    target: ResourcePath,
+    query: Query,
+    method: &Method,
+    headers: &HeaderMap,
+) -> ApiResult<Response> {
+    let namespace = target.namespace.clone();
+    let count = |verb: &str| state.metrics.count(verb, &info.group, &info.plural);
+    if target.subresource.is_some() {
+        return Err(ApiError::no_route(request.uri().path()));
+    }
+    let format = output_format(headers, &query);
+    match *method {
+        Method::GET => {
+            let selectors = selectors(&query)?;
+            if target.watch || flag(&query, "watch") == Some(true) {
+                count("watch");
+                let timeout = query
+                    .get("timeoutSeconds")
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .map_or(Duration::from_secs(1800), Duration::from_secs);
+                let watch_request = watch::WatchRequest {
+                    info: info.clone(),
+                    namespace,
+                    selectors,
+                    resource_version: query.get("resourceVersion").cloned(),
+                    send_initial_events: flag(&query, "sendInitialEvents"),
+                    bookmarks: flag(&query, "allowWatchBookmarks").unwrap_or(false),
+                    timeout,
+                    format,
+                };
+                let stream = watch::start(
+                    state.cluster.clone(),
+                    watch_request,
+                    state.bookmark_interval,
+                    state.watch_epoch.subscribe(),
+                )?;
+                let mut response = Response::new(Body::from_stream(stream));
+                response.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
+                return Ok(response);
+            }
+            count("list");
+            list(
+                state,
+                info,
+                namespace.as_deref(),
+                &selectors,
+                &query,
+                format,
+            )
+        }
+        Method::POST => {
+            count("create");
+            let Some(namespace) = namespace.or_else(|| (!info.namespaced).then(String::new)) else {
+                return Err(ApiError::no_route(request.uri().path()));
+            };
+            let body = read_body(request).await?;
+            let value = parse_body(&body, true)?;
+            let options = write_options(headers, &query, false);
+            let written = state.cluster.create(info, &namespace, value, &options)?;
+            Ok(json_response(
+                StatusCode::CREATED,
+                &written.object,
+                &written.warnings,
+            ))
+        }
+        Method::DELETE => {
+            count("deletecollection");
+            let selectors = selectors(&query)?;
+            let body = read_body(request).await?;
+            let options = delete_options(&body, &query)?;
+            let (items, _) = state.cluster.list(info, namespace.as_deref(), &selectors);
+            let mut deleted = Vec::new();
+            for item in items {
+                if let Ok((object, _)) =
+                    state
+                        .cluster
+                        .delete(info, meta::namespace(&item), meta::name(&item), &options)
+                {
+                    deleted.push(object);
+                }
+            }
+            let list = json!({"kind": list_kind(info), "apiVersion": info.api_version(),
+                              "metadata": {"resourceVersion": state.cluster.store.current_rv().to_string()},
+                              "items": deleted});
+            Ok(json_response(StatusCode::OK, &list, &[]))
+        }
+        _ => Err(ApiError::method_not_allowed(format!(
+            "the server does not allow this method on the requested resource ({method})"
+        ))),
+    }
+}
+
+fn list(
+    state: &Arc<ApiState>,
+    info: &Arc<ResourceInfo>,
+    namespace: Option<&str>,
+    selectors: &Selectors,
+    query: &Query,
+    format: Format,
+) -> ApiResult<Response> {
+    let (mut items, rv) = state.cluster.list(info, namespace, selectors);
+    let mut rv = rv.to_string();
+    if let Some(token) = query.get("continue").filter(|t| !t.is_empty()) {
+        let decoded = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(token)
+            .ok()
+            .and_then(|bytes| serde_json::from_slice::<ContinueToken>(&bytes).ok())
+            .ok_or_else(|| ApiError::bad_request("invalid continue token"))?;
+        items.retain(|item| {
+            format!("{}/{}", meta::namespace(item), meta::name(item)) > decoded.after
+        });
+        rv = decoded.rv;
+    }
+    let limit = query
+        .get("limit")
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|l| *l > 0);
+    let mut continue_token = None;
+    let mut remaining = None;
+    if let Some(limit) = limit
+        && items.len() > limit
+    {
+        remaining = Some(items.len() - limit);
+        items.truncate(limit);
+        if let Some(last) = items.last() {
+            let token = ContinueToken {
+                rv: rv.clone(),
+                after: format!("{}/{}", meta::namespace(last), meta::name(last)),
+            };
+            let bytes = serde_json::to_vec(&token).unwrap_or_default();
+            continue_token = Some(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes));
+        }
+    }
+    let body = match format {
+        Format::Table(include) => table::render(info, &items, &rv, include),
+        other => {
+            let (kind, api_version) = if other == Format::PartialMetadata {
+                (
+                    "PartialObjectMetadataList".to_owned(),
+                    "meta.k8s.io/v1".to_owned(),
+                )
+            } else {
+                (list_kind(info), info.api_version())
+            };
+            let items: Vec<Value> = items
+                .iter()
+                .map(|item| watch::render_object(info, item, other))
+                .collect();
+            let mut metadata = json!({"resourceVersion": rv});
+            if let Some(token) = continue_token {
+                metadata["continue"] = json!(token);
+                metadata["remainingItemCount"] = json!(remaining);
+            }
+            json!({"kind": kind, "apiVersion": api_version, "metadata": metadata, "items": items})
+        }
+    };
+    Ok(json_response(StatusCode::OK, &body, &[]))
+}

@@ -1,0 +1,88 @@
+//! The crate's error type.
+
+use std::path::PathBuf;
+
+use crate::status::ApiError;
+
+/// Errors of the simulated cluster's library API.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The data directory could not be created.
+    #[error("failed to create the sim's data directory {path}")]
+    DataDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The API server could not listen.
+    #[error("failed to bind the API server to {addr}")]
+    Bind {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The kubeconfig could not be written.
+    #[error("failed to write the kubeconfig {path}")]
+    Kubeconfig {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// `--isolation bwrap` without a working bubblewrap.
+    #[error(
+        "bubblewrap isolation was requested but `bwrap` is missing or cannot create namespaces here"
+    )]
+    NoBwrap,
+    /// A kube client could not be built.
+    #[error("failed to build a kube client for {url}")]
+    Client {
+        url: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// A built-in object could not be created at start.
+    #[error("failed to create {what} in the new cluster")]
+    Seed {
+        what: String,
+        #[source]
+        source: ApiError,
+    },
+    /// A CRD could not be registered.
+    #[error("failed to register the CRD {name}")]
+    Crd {
+        name: String,
+        #[source]
+        source: ApiError,
+    },
+    /// The CRD could not be encoded.
+    #[error("failed to encode the CRD {name}")]
+    EncodeCrd {
+        name: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// `cargo build` could not be run.
+    #[error("failed to run `cargo build -p {package} --bin {bin}`")]
+    CargoRun {
+        package: String,
+        bin: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// `cargo build` failed.
+    #[error("`cargo build -p {package} --bin {bin}` failed ({status})")]
+    CargoFailed {
+        package: String,
+        bin: String,
+        status: String,
+    },
+    /// The running executable could not be located.
+    #[error("failed to locate the current executable")]
+    CurrentExe {
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Result with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

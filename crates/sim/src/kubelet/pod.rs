@@ -1,0 +1,1062 @@
+//! One pod's worker: starts its init containers in order and then its containers, runs their
+//! readiness probes, restarts them per `restartPolicy`, writes the pod's status, and on
+//! deletion stops every process within the grace period before confirming.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::images::{ImageEntry, Program, Templates, expand_vars, find_program};
+use super::probe::{self, Probe};
+use super::process::{self, LaunchSpec, POD_DIR_IN_SANDBOX};
+use super::status::{self, ContainerInfo, PodInfo, State, Terminated};
+use super::{
+    KubeletContext, PodCommand, PodPaths, confirm_deletion, log_file, net, pod_paths, record_event,
+};
+use crate::meta;
+use crate::resources::StorageKey;
+
+/// Restart back-off: doubles from this, capped at [`MAX_BACKOFF`].
+const BASE_BACKOFF: Duration = Duration::from_millis(500);
+const MAX_BACKOFF: Duration = Duration::from_secs(10);
+
+/// Messages from container tasks.
+#[derive(Debug)]
+struct Exit {
+    init: bool,
+    index: usize,
+    code: Option<i32>,
+    signal: Option<i32>,
+}
+
+/// Control of a running container's task.
+#[derive(Debug)]
+struct Handle {
+    control: mpsc::UnboundedSender<bool>,
+    pid: i32,
+    started_at: String,
+}
+
+#[derive(Debug)]
+struct ProbeState {
+    probe: Probe,
+    next: Instant,
+    successes: u32,
+    failures: u32,
+    ever: bool,
+}
+
+/// What to run for one container.
+#[derive(Debug)]
+struct Plan {
+    spec: LaunchSpec,
+    entry: ImageEntry,
+}
+
+struct Worker {
+    ctx: Arc<KubeletContext>,
+    pod: Arc<Value>,
+    key: StorageKey,
+    namespace: String,
+    name: String,
+    paths: PodPaths,
+    ip: Option<Ipv4Addr>,
+    info: PodInfo,
+    init_specs: Vec<Value>,
+    specs: Vec<Value>,
+    init_handles: Vec<Option<Handle>>,
+    handles: Vec<Option<Handle>>,
+    probes: Vec<Option<ProbeState>>,
+    restart_at: Vec<Option<Instant>>,
+    init_restart_at: Option<(usize, Instant)>,
+    exits_tx: mpsc::UnboundedSender<Exit>,
+    restart_policy: String,
+    env_cache: Vec<BTreeMap<String, String>>,
+}
+
+fn now() -> String {
+    meta::now()
+}
+
+fn backoff(restarts: u32) -> Duration {
+    let factor = 2u32.saturating_pow(restarts.min(8));
+    (BASE_BACKOFF * factor).min(MAX_BACKOFF)
+}
+
+/// Runs a pod until it is deleted.
+pub(crate) async fn run(
+    ctx: Arc<KubeletContext>,
+    pod: Arc<Value>,
+    mut commands: mpsc::UnboundedReceiver<PodCommand>,
+) {
+    let (exits_tx, mut exits) = mpsc::unbounded_channel();
+    let mut worker = Worker::new(ctx, pod, exits_tx);
+    let started = worker.start();
+    loop {
+        let wake = if started { worker.next_wake() } else { None };
+        tokio::select! {
+            command = commands.recv() => {
+                match command {
+                    Some(PodCommand::Terminate(grace)) => {
+                        worker.terminate(grace, &mut exits).await;
+                        confirm_deletion(&worker.ctx.cluster, &worker.pod);
+                    }
+                    Some(PodCommand::Kill) | None => worker.kill_all(),
+                }
+                break;
+            }
+            Some(exit) = exits.recv() => worker.on_exit(exit),
+            () = sleep_until(wake) => worker.tick().await,
+        }
+    }
+    worker.release();
+}
+
+async fn sleep_until(when: Option<Instant>) {
+    match when {
+        Some(when) => tokio::time::sleep_until(when).await,
+        None => std::future::pending().await,
+    }
+}
+
+impl Worker {
+    fn new(
+        ctx: Arc<KubeletContext>,
+        pod: Arc<Value>,
+        exits_tx: mpsc::UnboundedSender<Exit>,
+    ) -> Self {
+        let namespace = meta::namespace(&pod).to_owned();
+        let name = meta::name(&pod).to_owned();
+        let paths = pod_paths(&ctx.pods_dir, &namespace, &name, meta::uid(&pod));
+        let list = |field: &str| -> Vec<Value> {
+            pod.pointer(&format!("/spec/{field}"))
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default()
+        };
+        let init_specs = list("initContainers");
+        let specs = list("containers");
+        let image = |c: &Value| {
+            c.get("image")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let cname = |c: &Value| {
+            c.get("name")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let info = PodInfo {
+            init: init_specs
+                .iter()
+                .map(|c| ContainerInfo::waiting(&cname(c), &image(c), "PodInitializing", None))
+                .collect(),
+            containers: specs
+                .iter()
+                .map(|c| ContainerInfo::waiting(&cname(c), &image(c), "ContainerCreating", None))
+                .collect(),
+            initialized: init_specs.is_empty(),
+            ..PodInfo::default()
+        };
+        let restart_policy = pod
+            .pointer("/spec/restartPolicy")
+            .and_then(Value::as_str)
+            .unwrap_or("Always")
+            .to_owned();
+        Self {
+            key: StorageKey::new("", "pods"),
+            init_handles: init_specs.iter().map(|_| None).collect(),
+            handles: specs.iter().map(|_| None).collect(),
+            probes: specs.iter().map(|_| None).collect(),
+            restart_at: specs.iter().map(|_| None).collect(),
+            env_cache: Vec::new(),
+            init_restart_at: None,
+            ctx,
+            pod,
+            namespace,
+            name,
+            paths,
+            ip: None,
+            info,
+            init_specs,
+            specs,
+            exits_tx,
+            restart_policy,
+        }
+    }
+
+    fn event(&self, type_: &str, reason: &str, message: &str) {
+        record_event(
+            &self.ctx.cluster,
+            &self.pod,
+            "kubelet",
+            type_,
+            reason,
+            message,
+        );
+    }
+
+    /// Writes the pod's status if it changed.
+    fn write_status(&self) {
+        let info = self.info.clone();
+        let uid = meta::uid(&self.pod).to_owned();
+        self.ctx
+            .cluster
+            .mutate(&self.key, &self.namespace, &self.name, |object| {
+                if meta::uid(object) != uid {
+                    return false;
+                }
+                let previous = object.get("status").cloned().unwrap_or(json!({}));
+                let next = status::pod_status(&info, &previous, &now());
+                if next == previous {
+                    return false;
+                }
+                object["status"] = next;
+                true
+            });
+    }
+
+    fn all_containers(&self) -> Vec<(bool, usize, Value)> {
+        self.init_specs
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (true, i, c.clone()))
+            .chain(
+                self.specs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| (false, i, c.clone())),
+            )
+            .collect()
+    }
+
+    fn set_waiting(&mut self, init: bool, index: usize, reason: &str, message: String) {
+        let list = if init {
+            &mut self.info.init
+        } else {
+            &mut self.info.containers
+        };
+        if let Some(container) = list.get_mut(index) {
+            container.state = State::Waiting {
+                reason: reason.to_owned(),
+                message: Some(message),
+            };
+        }
+    }
+
+    /// Prepares the pod (images, IP, directories) and starts the first containers. Returns
+    /// false when the pod cannot start (it then waits for deletion).
+    fn start(&mut self) -> bool {
+        let mut ports: Vec<u16> = Vec::new();
+        let mut missing = false;
+        for (init, index, container) in self.all_containers() {
+            let image = container
+                .get("image")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned();
+            match self.ctx.images.lookup(&image) {
+                Some(entry) => ports.extend(&entry.ports),
+                None => {
+                    missing = true;
+                    let message = format!(
+                        "Failed to pull image \"{image}\": the simulated cluster's image table has no entry for this image"
+                    );
+                    self.set_waiting(init, index, "ErrImagePull", message.clone());
+                    self.event("Warning", "Failed", &message);
+                }
+            }
+            ports.extend(
+                container
+                    .get("ports")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|p| p.get("containerPort").and_then(Value::as_u64))
+                    .filter_map(|p| u16::try_from(p).ok()),
+            );
+        }
+        if missing {
+            self.write_status();
+            return false;
+        }
+        ports.sort_unstable();
+        ports.dedup();
+        let Some(ip) = net::allocate(&ports) else {
+            self.event(
+                "Warning",
+                "FailedCreatePodSandBox",
+                "no free loopback address for the pod IP",
+            );
+            self.write_status();
+            return false;
+        };
+        self.ip = Some(ip.0);
+        for dir in [&self.paths.app, &self.paths.logs] {
+            if let Err(error) = std::fs::create_dir_all(dir) {
+                self.event(
+                    "Warning",
+                    "FailedCreatePodSandBox",
+                    &format!("cannot create {}: {error}", dir.display()),
+                );
+                self.write_status();
+                return false;
+            }
+        }
+        self.info.pod_ip = Some(ip.0.to_string());
+        self.info.start_time = Some(now());
+        if self.init_specs.is_empty() {
+            self.start_main();
+        } else {
+            self.start_container(true, 0);
+        }
+        self.write_status();
+        true
+    }
+
+    fn start_main(&mut self) {
+        self.info.initialized = true;
+        for index in 0..self.specs.len() {
+            self.start_container(false, index);
+        }
+    }
+
+    fn templates(&self) -> Templates {
+        Templates {
+            pod_ip: self.ip.map(|ip| ip.to_string()).unwrap_or_default(),
+            pod_name: self.name.clone(),
+            namespace: self.namespace.clone(),
+            pod_uid: meta::uid(&self.pod).to_owned(),
+            pod_dir: if self.ctx.bwrap {
+                POD_DIR_IN_SANDBOX.to_owned()
+            } else {
+                self.paths.app.to_string_lossy().into_owned()
+            },
+        }
+    }
+
+    fn lookup_key(&self, resource: &str, name: &str, key: &str) -> Option<String> {
+        let object =
+            self.ctx
+                .cluster
+                .store
+                .get(&StorageKey::new("", resource), &self.namespace, name)?;
+        if resource == "secrets" {
+            let encoded = object.pointer(&format!("/data/{key}"))?.as_str()?;
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(encoded)
+                .ok()?;
+            return String::from_utf8(bytes).ok();
+        }
+        object
+            .pointer(&format!("/data/{key}"))?
+            .as_str()
+            .map(str::to_owned)
+    }
+
+    fn field_ref(&self, path: &str) -> Option<String> {
+        let pod = &self.pod;
+        let text = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_owned);
+        if let Some(rest) = path
+            .strip_prefix("metadata.labels['")
+            .and_then(|r| r.strip_suffix("']"))
+        {
+            return meta::labels(pod).get(rest).cloned();
+        }
+        if let Some(rest) = path
+            .strip_prefix("metadata.annotations['")
+            .and_then(|r| r.strip_suffix("']"))
+        {
+            return meta::string_map(pod, "annotations").get(rest).cloned();
+        }
+        match path {
+            "metadata.name" => Some(self.name.clone()),
+            "metadata.namespace" => Some(self.namespace.clone()),
+            "metadata.uid" => Some(meta::uid(pod).to_owned()),
+            "spec.nodeName" => Some(self.ctx.node.clone()),
+            "spec.serviceAccountName" => text(pod.pointer("/spec/serviceAccountName")),
+            "status.podIP" | "status.podIPs" => self.ip.map(|ip| ip.to_string()),
+            "status.hostIP" | "status.hostIPs" => Some("127.0.0.1".to_owned()),
+            _ => None,
+        }
+    }
+
+    /// The process environment of a container.
+    fn environment(
+        &self,
+        container: &Value,
+        entry: &ImageEntry,
+        templates: &Templates,
+    ) -> BTreeMap<String, String> {
+        let mut env = BTreeMap::new();
+        env.insert(
+            "PATH".to_owned(),
+            std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into()),
+        );
+        env.insert("HOME".to_owned(), templates.pod_dir.clone());
+        env.insert("HOSTNAME".to_owned(), self.name.clone());
+        for (name, value) in &entry.env {
+            env.insert(name.clone(), templates.expand(value));
+        }
+        for source in container
+            .get("envFrom")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let prefix = source
+                .get("prefix")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            for (resource, field) in [("configmaps", "configMapRef"), ("secrets", "secretRef")] {
+                let Some(name) = source
+                    .pointer(&format!("/{field}/name"))
+                    .and_then(Value::as_str)
+                else {
+                    continue;
+                };
+                let Some(object) = self.ctx.cluster.store.get(
+                    &StorageKey::new("", resource),
+                    &self.namespace,
+                    name,
+                ) else {
+                    continue;
+                };
+                for key in object
+                    .get("data")
+                    .and_then(Value::as_object)
+                    .into_iter()
+                    .flat_map(|m| m.keys())
+                {
+                    if let Some(value) = self.lookup_key(resource, name, key) {
+                        env.insert(format!("{prefix}{key}"), value);
+                    }
+                }
+            }
+        }
+        for var in container
+            .get("env")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let Some(name) = var.get("name").and_then(Value::as_str) else {
+                continue;
+            };
+            let value = if let Some(value) = var.get("value").and_then(Value::as_str) {
+                Some(expand_vars(value, &env))
+            } else if let Some(from) = var.get("valueFrom") {
+                if let Some(path) = from.pointer("/fieldRef/fieldPath").and_then(Value::as_str) {
+                    self.field_ref(path)
+                } else if let Some(reference) = from.get("secretKeyRef") {
+                    let n = reference
+                        .get("name")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default();
+                    let k = reference
+                        .get("key")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default();
+                    self.lookup_key("secrets", n, k)
+                } else if let Some(reference) = from.get("configMapKeyRef") {
+                    let n = reference
+                        .get("name")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default();
+                    let k = reference
+                        .get("key")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default();
+                    self.lookup_key("configmaps", n, k)
+                } else {
+                    None
+                }
+            } else {
+                Some(String::new())
+            };
+            if let Some(value) = value {
+                env.insert(name.to_owned(), value);
+            }
+        }
+        env
+    }
+
+    /// The command line of a container: its `command` replaces the image's program, its `args`
+    /// replace the image's arguments.
+    fn argv(
+        &self,
+        container: &Value,
+        entry: &ImageEntry,
+        env: &BTreeMap<String, String>,
+        templates: &Templates,
+    ) -> Result<Vec<String>, String> {
+        let strings = |field: &str| -> Vec<String> {
+            container
+                .get(field)
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v.as_str().map(|s| expand_vars(s, env)))
+                .collect()
+        };
+        let command = strings("command");
+        let args = strings("args");
+        let path = std::env::var_os("PATH");
+        let resolve = |name: &str, exe: Option<&std::path::Path>| {
+            find_program(name, exe, path.as_deref())
+                .map(|p| p.to_string_lossy().into_owned())
+                .ok_or_else(|| {
+                    format!("executable file {name:?} not found next to the sim or in $PATH")
+                })
+        };
+        let entry_program = || -> Result<String, String> {
+            match &entry.program {
+                Program::Named(name) => resolve(name, self.ctx.exe.as_deref()),
+                Program::Path(path) => Ok(path.to_string_lossy().into_owned()),
+                Program::CurrentExe => std::env::current_exe()
+                    .map(|p| p.to_string_lossy().into_owned())
+                    .map_err(|error| format!("cannot locate the current executable: {error}")),
+                Program::ContainerCommand => Err("the container has no command".to_owned()),
+            }
+        };
+        let mut argv = if let Some((first, rest)) = command.split_first() {
+            let named_like_entry = matches!(&entry.program, Program::Named(name) if name == first);
+            let program = if named_like_entry {
+                entry_program()?
+            } else {
+                resolve(first, self.ctx.exe.as_deref())?
+            };
+            let mut argv = vec![program];
+            argv.extend(rest.iter().cloned());
+            argv.extend(args);
+            argv
+        } else if entry.program == Program::ContainerCommand {
+            let Some((first, rest)) = args.split_first() else {
+                return Err("the container has no command and its image no default".to_owned());
+            };
+            let mut argv = vec![resolve(first, None)?];
+            argv.extend(rest.iter().cloned());
+            argv
+        } else {
+            let mut argv = vec![entry_program()?];
+            if args.is_empty() {
+                argv.extend(entry.args.iter().map(|a| templates.expand(a)));
+            } else {
+                argv.extend(args);
+            }
+            argv
+        };
+        if argv.is_empty() {
+            argv.push(String::new());
+        }
+        Ok(argv)
+    }
+
+    /// Prepares the volumes a container mounts (bubblewrap only: plain processes see the host).
+    fn mounts(&self, container: &Value) -> Vec<(PathBuf, String)> {
+        if !self.ctx.bwrap {
+            return Vec::new();
+        }
+        let volumes = self
+            .pod
+            .pointer("/spec/volumes")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        let mut mounts = Vec::new();
+        for mount in container
+            .get("volumeMounts")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let (Some(name), Some(path)) = (
+                mount.get("name").and_then(Value::as_str),
+                mount.get("mountPath").and_then(Value::as_str),
+            ) else {
+                continue;
+            };
+            let Some(volume) = volumes
+                .iter()
+                .find(|v| v.get("name").and_then(Value::as_str) == Some(name))
+            else {
+                continue;
+            };
+            let host = if let Some(claim) = volume
+                .pointer("/persistentVolumeClaim/claimName")
+                .and_then(Value::as_str)
+            {
+                self.ctx.volumes_dir.join(&self.namespace).join(claim)
+            } else if volume.get("emptyDir").is_some() {
+                self.paths.root.join("volumes").join(name)
+            } else if let Some((resource, object_name)) = volume
+                .pointer("/configMap/name")
+                .and_then(Value::as_str)
+                .map(|n| ("configmaps", n))
+                .or_else(|| {
+                    volume
+                        .pointer("/secret/secretName")
+                        .and_then(Value::as_str)
+                        .map(|n| ("secrets", n))
+                })
+            {
+                let dir = self.paths.root.join("volumes").join(name);
+                if let Some(object) = self.ctx.cluster.store.get(
+                    &StorageKey::new("", resource),
+                    &self.namespace,
+                    object_name,
+                ) {
+                    let _ = std::fs::create_dir_all(&dir);
+                    for key in object
+                        .get("data")
+                        .and_then(Value::as_object)
+                        .into_iter()
+                        .flat_map(|m| m.keys())
+                    {
+                        if let Some(value) = self.lookup_key(resource, object_name, key) {
+                            let _ = std::fs::write(dir.join(key), value);
+                        }
+                    }
+                }
+                dir
+            } else {
+                continue;
+            };
+            if std::fs::create_dir_all(&host).is_ok() {
+                mounts.push((host, path.to_owned()));
+            }
+        }
+        mounts
+    }
+
+    fn plan(&self, container: &Value) -> Result<Plan, String> {
+        let image = container
+            .get("image")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let entry = self
+            .ctx
+            .images
+            .lookup(image)
+            .cloned()
+            .ok_or_else(|| format!("no image table entry for {image:?}"))?;
+        let templates = self.templates();
+        let env = self.environment(container, &entry, &templates);
+        let argv = self.argv(container, &entry, &env, &templates)?;
+        let name = container
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        Ok(Plan {
+            spec: LaunchSpec {
+                argv,
+                env,
+                workdir: container
+                    .get("workingDir")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned),
+                hostname: self.name.clone(),
+                pod_dir: self.paths.app.clone(),
+                mounts: self.mounts(container),
+                log: log_file(&self.paths, name, false),
+            },
+            entry,
+        })
+    }
+
+    fn start_container(&mut self, init: bool, index: usize) {
+        let specs = if init { &self.init_specs } else { &self.specs };
+        let Some(container) = specs.get(index).cloned() else {
+            return;
+        };
+        let name = container
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        let plan = match self.plan(&container) {
+            Ok(plan) => plan,
+            Err(message) => {
+                self.set_waiting(init, index, "RunContainerError", message.clone());
+                self.event("Warning", "Failed", &format!("Error: {message}"));
+                return;
+            }
+        };
+        let log = log_file(&self.paths, &name, false);
+        if log.exists() {
+            let _ = std::fs::rename(&log, log_file(&self.paths, &name, true));
+        }
+        let running = match process::spawn(&plan.spec, self.ctx.bwrap, &self.ctx.processes) {
+            Ok(running) => running,
+            Err(error) => {
+                let message = format!("failed to start {:?}: {error}", plan.spec.argv.first());
+                self.set_waiting(init, index, "RunContainerError", message.clone());
+                self.event("Warning", "Failed", &format!("Error: {message}"));
+                return;
+            }
+        };
+        let pid = running.guard.pgid();
+        let started_at = now();
+        let (control, control_rx) = mpsc::unbounded_channel();
+        tokio::spawn(watch_container(
+            running,
+            control_rx,
+            self.exits_tx.clone(),
+            init,
+            index,
+        ));
+        let image = container
+            .get("image")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        self.event(
+            "Normal",
+            "Pulled",
+            &format!("Container image \"{image}\" already present on machine"),
+        );
+        self.event("Normal", "Created", &format!("Created container {name}"));
+        self.event("Normal", "Started", &format!("Started container {name}"));
+        let handle = Handle {
+            control,
+            pid,
+            started_at: started_at.clone(),
+        };
+        let list = if init {
+            &mut self.info.init
+        } else {
+            &mut self.info.containers
+        };
+        if let Some(info) = list.get_mut(index) {
+            info.state = State::Running { started_at };
+            info.container_id = Some(format!("sim://{pid}"));
+            info.ready = false;
+        }
+        if init {
+            if let Some(slot) = self.init_handles.get_mut(index) {
+                *slot = Some(handle);
+            }
+        } else {
+            if let Some(slot) = self.handles.get_mut(index) {
+                *slot = Some(handle);
+            }
+            let ip = IpAddr::V4(self.ip.unwrap_or(Ipv4Addr::LOCALHOST));
+            let probe = probe::readiness(&container, ip, plan.entry.readiness.as_ref());
+            let ready_now = probe.is_none();
+            if let Some(slot) = self.probes.get_mut(index) {
+                *slot = probe.map(|probe| ProbeState {
+                    next: Instant::now() + probe.initial_delay,
+                    probe,
+                    successes: 0,
+                    failures: 0,
+                    ever: false,
+                });
+            }
+            if ready_now && let Some(info) = self.info.containers.get_mut(index) {
+                info.ready = true;
+            }
+            while self.env_cache.len() <= index {
+                self.env_cache.push(BTreeMap::new());
+            }
+            if let Some(slot) = self.env_cache.get_mut(index) {
+                *slot = plan.spec.env;
+            }
+        }
+    }
+
+    fn should_restart(&self, code: Option<i32>) -> bool {
+        match self.restart_policy.as_str() {
+            "Always" => true,
+            "OnFailure" => code != Some(0),
+            _ => false,
+        }
+    }
+
+    fn on_exit(&mut self, exit: Exit) {
+        let handle = if exit.init {
+            self.init_handles.get_mut(exit.index).and_then(Option::take)
+        } else {
+            self.handles.get_mut(exit.index).and_then(Option::take)
+        };
+        let started_at = handle
+            .as_ref()
+            .map(|h| h.started_at.clone())
+            .unwrap_or_default();
+        let container_id = handle
+            .as_ref()
+            .map(|h| format!("sim://{}", h.pid))
+            .unwrap_or_default();
+        let code = exit.code.unwrap_or(128 + exit.signal.unwrap_or(9));
+        let terminated = Terminated {
+            exit_code: code,
+            signal: exit.signal,
+            reason: if code == 0 {
+                "Completed".into()
+            } else {
+                "Error".into()
+            },
+            message: None,
+            started_at,
+            finished_at: now(),
+            container_id,
+        };
+        let restart = self.should_restart(Some(code));
+        if exit.init {
+            if let Some(info) = self.info.init.get_mut(exit.index) {
+                info.state = State::Terminated(terminated.clone());
+            }
+            if code == 0 {
+                if exit.index + 1 < self.init_specs.len() {
+                    self.start_container(true, exit.index + 1);
+                } else {
+                    self.start_main();
+                }
+            } else if self.restart_policy == "Never" {
+                self.info.terminal = Some("Failed".into());
+            } else {
+                let restarts = self
+                    .info
+                    .init
+                    .get(exit.index)
+                    .map_or(0, |c| c.restart_count);
+                if let Some(info) = self.info.init.get_mut(exit.index) {
+                    info.restart_count += 1;
+                    info.last = Some(terminated);
+                    info.state = State::Waiting {
+                        reason: "CrashLoopBackOff".into(),
+                        message: None,
+                    };
+                }
+                self.init_restart_at = Some((exit.index, Instant::now() + backoff(restarts)));
+            }
+            self.write_status();
+            return;
+        }
+        if let Some(slot) = self.probes.get_mut(exit.index) {
+            *slot = None;
+        }
+        let name = self
+            .specs
+            .get(exit.index)
+            .and_then(|c| c.get("name"))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        if restart {
+            let restarts = self
+                .info
+                .containers
+                .get(exit.index)
+                .map_or(0, |c| c.restart_count);
+            if let Some(info) = self.info.containers.get_mut(exit.index) {
+                info.restart_count += 1;
+                info.last = Some(terminated);
+                info.ready = false;
+                info.state = State::Waiting {
+                    reason: "CrashLoopBackOff".into(),
+                    message: Some(format!("back-off restarting failed container {name}")),
+                };
+            }
+            if let Some(slot) = self.restart_at.get_mut(exit.index) {
+                *slot = Some(Instant::now() + backoff(restarts));
+            }
+            self.event(
+                "Warning",
+                "BackOff",
+                &format!("Back-off restarting failed container {name}"),
+            );
+        } else if let Some(info) = self.info.containers.get_mut(exit.index) {
+            info.ready = false;
+            info.state = State::Terminated(terminated);
+        }
+        let all_done = self
+            .info
+            .containers
+            .iter()
+            .all(|c| matches!(c.state, State::Terminated(_)));
+        if all_done {
+            let failed = self
+                .info
+                .containers
+                .iter()
+                .any(|c| matches!(&c.state, State::Terminated(t) if t.exit_code != 0));
+            self.info.terminal = Some(if failed { "Failed" } else { "Succeeded" }.into());
+        }
+        self.write_status();
+    }
+
+    fn next_wake(&self) -> Option<Instant> {
+        let probes = self.probes.iter().flatten().map(|p| p.next);
+        let restarts = self.restart_at.iter().flatten().copied();
+        let init = self.init_restart_at.map(|(_, at)| at);
+        probes.chain(restarts).chain(init).min()
+    }
+
+    async fn tick(&mut self) {
+        let now_instant = Instant::now();
+        if let Some((index, at)) = self.init_restart_at
+            && at <= now_instant
+        {
+            self.init_restart_at = None;
+            self.start_container(true, index);
+            self.write_status();
+        }
+        for index in 0..self.restart_at.len() {
+            if self.restart_at[index].is_some_and(|at| at <= now_instant) {
+                self.restart_at[index] = None;
+                self.start_container(false, index);
+                self.write_status();
+            }
+        }
+        let mut changed = false;
+        for index in 0..self.probes.len() {
+            let due = self.probes[index]
+                .as_ref()
+                .is_some_and(|p| p.next <= now_instant);
+            if !due {
+                continue;
+            }
+            let Some(state) = self.probes[index].as_ref() else {
+                continue;
+            };
+            let env = self.env_cache.get(index).cloned().unwrap_or_default();
+            let ok = probe::check(
+                &state.probe.action,
+                state.probe.timeout,
+                &env,
+                &self.paths.app,
+            )
+            .await;
+            let fast = self.ctx.fast_probe;
+            let Some(state) = self.probes[index].as_mut() else {
+                continue;
+            };
+            if ok {
+                state.successes += 1;
+                state.failures = 0;
+            } else {
+                state.failures += 1;
+                state.successes = 0;
+            }
+            let ready_before = self.info.containers.get(index).is_some_and(|c| c.ready);
+            let ready = if ok {
+                ready_before || state.successes >= state.probe.success_threshold
+            } else {
+                ready_before && state.failures < state.probe.failure_threshold
+            };
+            if ready {
+                state.ever = true;
+            }
+            // Until first ready the sim polls quickly, so tests need not wait a real period.
+            state.next = Instant::now() + if state.ever { state.probe.period } else { fast };
+            if ready != ready_before {
+                if let Some(info) = self.info.containers.get_mut(index) {
+                    info.ready = ready;
+                }
+                changed = true;
+            }
+        }
+        if changed {
+            self.write_status();
+        }
+    }
+
+    fn handles_mut(&mut self) -> impl Iterator<Item = &mut Option<Handle>> {
+        self.init_handles.iter_mut().chain(self.handles.iter_mut())
+    }
+
+    /// Stops every container: SIGTERM, then SIGKILL when `grace` runs out.
+    async fn terminate(&mut self, grace: Duration, exits: &mut mpsc::UnboundedReceiver<Exit>) {
+        let names: Vec<String> = self
+            .specs
+            .iter()
+            .filter_map(|c| c.get("name").and_then(Value::as_str).map(str::to_owned))
+            .collect();
+        for name in names {
+            self.event("Normal", "Killing", &format!("Stopping container {name}"));
+        }
+        self.restart_at.iter_mut().for_each(|slot| *slot = None);
+        self.init_restart_at = None;
+        self.restart_policy = "Never".into();
+        for handle in self.handles_mut().flatten() {
+            let _ = handle.control.send(false);
+        }
+        let deadline = Instant::now() + grace;
+        let mut killed = false;
+        // Bounded: every handle exits after SIGKILL; the extra second covers reaping.
+        let hard_stop = deadline + Duration::from_secs(5);
+        while self.handles_mut().any(|h| h.is_some()) && Instant::now() < hard_stop {
+            let wait_until = if killed { hard_stop } else { deadline };
+            tokio::select! {
+                Some(exit) = exits.recv() => self.on_exit(exit),
+                () = tokio::time::sleep_until(wait_until) => {
+                    if !killed {
+                        for handle in self.handles_mut().flatten() {
+                            let _ = handle.control.send(true);
+                        }
+                        killed = true;
+                    }
+                }
+            }
+        }
+        self.kill_all();
+    }
+
+    fn kill_all(&mut self) {
+        for slot in self.handles_mut() {
+            if let Some(handle) = slot.take() {
+                let _ = handle.control.send(true);
+            }
+        }
+    }
+
+    fn release(&mut self) {
+        if let Some(ip) = self.ip.take() {
+            net::release(ip);
+        }
+    }
+}
+
+/// Owns one container process: reports its exit, forwards stop requests (`false` = SIGTERM,
+/// `true` or a closed channel = SIGKILL) and kills the group when it ends.
+async fn watch_container(
+    mut running: process::Running,
+    mut control: mpsc::UnboundedReceiver<bool>,
+    exits: mpsc::UnboundedSender<Exit>,
+    init: bool,
+    index: usize,
+) {
+    use std::os::unix::process::ExitStatusExt as _;
+    let status = loop {
+        tokio::select! {
+            status = running.child.wait() => break status,
+            message = control.recv() => match message {
+                Some(false) => running.guard.terminate(),
+                Some(true) | None => {
+                    running.guard.kill();
+                    break running.child.wait().await;
+                }
+            },
+        }
+    };
+    // The leader is gone; whatever it left behind in its group goes too.
+    running.guard.kill();
+    let (code, signal) = match status {
+        Ok(status) => (status.code(), status.signal()),
+        Err(_) => (None, Some(9)),
+    };
+    let _ = exits.send(Exit {
+        init,
+        index,
+        code,
+        signal,
+    });
+}

@@ -1,0 +1,409 @@
+//! Pod processes: spawning a container's program in its own process group, directly or inside
+//! bubblewrap, and stopping the whole group (gracefully or not).
+//!
+//! Every live group is registered in a [`ProcessTable`], so that stopping the sim (or dropping
+//! its handle) can kill every pod process even when the tasks that own them are gone. Each group
+//! is also killed by its [`GroupGuard`] when dropped.
+
+use std::collections::{BTreeMap, HashSet};
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use rustix::process::{Pid, Signal, kill_process, kill_process_group};
+
+/// How pod processes are isolated.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Isolation {
+    /// Bubblewrap when it is installed and works, otherwise none.
+    #[default]
+    Auto,
+    /// Each pod process in bubblewrap: private pid, mount, ipc and uts namespaces (hostname =
+    /// pod name), read-only root, writable pod directory at `/app` and private `/tmp`, host
+    /// network (so the loopback pod IP works).
+    Bwrap,
+    /// Plain child processes in their own process group, in the pod's directory.
+    None,
+}
+
+impl std::str::FromStr for Isolation {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "auto" => Ok(Self::Auto),
+            "bwrap" => Ok(Self::Bwrap),
+            "none" => Ok(Self::None),
+            other => Err(format!("unknown isolation {other:?} (auto, bwrap or none)")),
+        }
+    }
+}
+
+/// Whether bubblewrap is installed and can create the namespaces we use (checked once).
+pub fn bwrap_available() -> bool {
+    static WORKS: OnceLock<bool> = OnceLock::new();
+    *WORKS.get_or_init(|| {
+        std::process::Command::new("bwrap")
+            .args([
+                "--ro-bind",
+                "/",
+                "/",
+                "--unshare-pid",
+                "--unshare-ipc",
+                "--unshare-uts",
+                "--proc",
+                "/proc",
+                "--dev",
+                "/dev",
+                "--",
+                "true",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|status| status.success())
+    })
+}
+
+/// Where the pod's directory appears inside bubblewrap.
+pub(crate) const POD_DIR_IN_SANDBOX: &str = "/app";
+
+/// Top-level entries of the host root, for building the sandbox's root.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum RootEntry {
+    Dir(String),
+    Symlink(String, String),
+}
+
+fn host_root() -> &'static [RootEntry] {
+    static ROOT: OnceLock<Vec<RootEntry>> = OnceLock::new();
+    ROOT.get_or_init(|| {
+        let mut entries = Vec::new();
+        let Ok(read) = std::fs::read_dir("/") else {
+            return entries;
+        };
+        for entry in read.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let path = entry.path();
+            if let Ok(target) = std::fs::read_link(&path) {
+                entries.push(RootEntry::Symlink(
+                    name,
+                    target.to_string_lossy().into_owned(),
+                ));
+            } else if path.is_dir() {
+                entries.push(RootEntry::Dir(name));
+            }
+        }
+        entries.sort_by(|a, b| format!("{a:?}").cmp(&format!("{b:?}")));
+        entries
+    })
+}
+
+/// What to start.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct LaunchSpec {
+    /// Program (absolute path) and arguments.
+    pub(crate) argv: Vec<String>,
+    pub(crate) env: BTreeMap<String, String>,
+    /// Working directory as the process sees it (`None`: the pod's directory).
+    pub(crate) workdir: Option<String>,
+    pub(crate) hostname: String,
+    /// The pod's directory on the host.
+    pub(crate) pod_dir: PathBuf,
+    /// Extra writable mounts (host path, path in the sandbox); bubblewrap only.
+    pub(crate) mounts: Vec<(PathBuf, String)>,
+    /// File that receives stdout and stderr.
+    pub(crate) log: PathBuf,
+}
+
+/// Top-level names the sandbox provides itself instead of binding from the host.
+const OWN_ROOT: [&str; 4] = ["proc", "dev", "tmp", "app"];
+
+/// The bubblewrap command line for `spec` (sans IO).
+pub(crate) fn bwrap_args(root: &[RootEntry], spec: &LaunchSpec) -> Vec<OsString> {
+    let mut args: Vec<OsString> = Vec::new();
+    let mut push = |items: &[&str]| args.extend(items.iter().map(OsString::from));
+    push(&["--tmpfs", "/"]);
+    for entry in root {
+        match entry {
+            RootEntry::Dir(name) if !OWN_ROOT.contains(&name.as_str()) => {
+                let path = format!("/{name}");
+                push(&["--ro-bind", &path, &path]);
+            }
+            RootEntry::Symlink(name, target) if !OWN_ROOT.contains(&name.as_str()) => {
+                push(&["--symlink", target, &format!("/{name}")]);
+            }
+            _ => {}
+        }
+    }
+    push(&[
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--hostname",
+        &spec.hostname,
+        "--die-with-parent",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--tmpfs",
+        "/tmp",
+        "--dir",
+        POD_DIR_IN_SANDBOX,
+    ]);
+    args.push("--bind".into());
+    args.push(spec.pod_dir.clone().into_os_string());
+    args.push(POD_DIR_IN_SANDBOX.into());
+    // The sandbox's /tmp is private; a program that lives under the host's /tmp is bound in.
+    if let Some(program) = spec.argv.first().filter(|p| p.starts_with("/tmp/")) {
+        args.extend(["--ro-bind", program, program].map(OsString::from));
+    }
+    for (host, dest) in &spec.mounts {
+        args.push("--dir".into());
+        args.push(dest.into());
+        args.push("--bind".into());
+        args.push(host.clone().into_os_string());
+        args.push(dest.into());
+    }
+    let workdir = spec.workdir.as_deref().unwrap_or(POD_DIR_IN_SANDBOX);
+    if !workdir.starts_with(POD_DIR_IN_SANDBOX) && !workdir.starts_with("/tmp") {
+        args.push("--dir".into());
+        args.push(workdir.into());
+    }
+    args.extend(["--remount-ro", "/", "--chdir", workdir].map(OsString::from));
+    args.push("--".into());
+    args.extend(spec.argv.iter().map(OsString::from));
+    args
+}
+
+/// Every process group the kubelet started and has not yet seen die.
+#[derive(Debug, Default)]
+pub struct ProcessTable {
+    groups: Mutex<HashSet<i32>>,
+}
+
+impl ProcessTable {
+    fn insert(&self, pgid: i32) {
+        self.groups
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(pgid);
+    }
+
+    fn remove(&self, pgid: i32) {
+        self.groups
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&pgid);
+    }
+
+    /// Kills every registered group.
+    pub fn kill_all(&self) {
+        let groups: Vec<i32> = self
+            .groups
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain()
+            .collect();
+        for pgid in groups {
+            kill_group(pgid, Signal::KILL);
+        }
+    }
+
+    /// How many groups are alive.
+    pub fn len(&self) -> usize {
+        self.groups
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
+    /// Whether no group is alive.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn kill_group(pgid: i32, signal: Signal) {
+    if let Some(pid) = Pid::from_raw(pgid) {
+        // ESRCH: the group is already gone, which is what we want.
+        let _ = kill_process_group(pid, signal);
+    }
+}
+
+/// Members of process group `pgid` other than its leader, from `/proc`.
+fn group_members(pgid: i32) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| *pid != pgid)
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    let after = stat.rsplit_once(')')?.1;
+                    after.split_whitespace().nth(2)?.parse::<i32>().ok()
+                })
+                == Some(pgid)
+        })
+        .collect()
+}
+
+/// Kills a process group when dropped, unless it is already known dead.
+#[derive(Debug)]
+pub(crate) struct GroupGuard {
+    pgid: i32,
+    in_bwrap: bool,
+    table: Arc<ProcessTable>,
+    done: bool,
+}
+
+impl GroupGuard {
+    /// Asks the processes to stop (SIGTERM). Under bubblewrap the monitor process is spared, so
+    /// that it outlives its child and reports its exit status.
+    pub(crate) fn terminate(&self) {
+        if self.done {
+            return;
+        }
+        if self.in_bwrap {
+            for pid in group_members(self.pgid) {
+                if let Some(pid) = Pid::from_raw(pid) {
+                    let _ = kill_process(pid, Signal::TERM);
+                }
+            }
+        } else {
+            kill_group(self.pgid, Signal::TERM);
+        }
+    }
+
+    /// Kills the whole group (SIGKILL) and forgets it.
+    pub(crate) fn kill(&mut self) {
+        if !self.done {
+            kill_group(self.pgid, Signal::KILL);
+            self.table.remove(self.pgid);
+            self.done = true;
+        }
+    }
+
+    /// The group id (the leader's pid).
+    pub(crate) fn pgid(&self) -> i32 {
+        self.pgid
+    }
+}
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A started container process.
+#[derive(Debug)]
+pub(crate) struct Running {
+    pub(crate) child: tokio::process::Child,
+    pub(crate) guard: GroupGuard,
+}
+
+/// Starts `spec` in a new process group, inside bubblewrap when `bwrap` is true.
+pub(crate) fn spawn(
+    spec: &LaunchSpec,
+    bwrap: bool,
+    table: &Arc<ProcessTable>,
+) -> std::io::Result<Running> {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&spec.log)?;
+    let log_err = log.try_clone()?;
+    let program = spec
+        .argv
+        .first()
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty command"))?;
+    let mut command = if bwrap {
+        let mut command = tokio::process::Command::new("bwrap");
+        command.args(bwrap_args(host_root(), spec));
+        command
+    } else {
+        let mut command = tokio::process::Command::new(program);
+        command.args(&spec.argv[1..]);
+        let dir = spec
+            .workdir
+            .as_deref()
+            .map(Path::new)
+            .filter(|dir| dir.is_dir())
+            .unwrap_or(&spec.pod_dir);
+        command.current_dir(dir);
+        command
+    };
+    command
+        .env_clear()
+        .envs(&spec.env)
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log_err)
+        .process_group(0)
+        .kill_on_drop(true);
+    let child = command.spawn()?;
+    let pgid = child
+        .id()
+        .and_then(|id| i32::try_from(id).ok())
+        .ok_or_else(|| std::io::Error::other("spawned process has no pid"))?;
+    table.insert(pgid);
+    Ok(Running {
+        child,
+        guard: GroupGuard {
+            pgid,
+            in_bwrap: bwrap,
+            table: table.clone(),
+            done: false,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bwrap_command_line_builds_a_read_only_root_with_a_writable_pod_dir() {
+        let root = vec![
+            RootEntry::Dir("usr".into()),
+            RootEntry::Symlink("bin".into(), "usr/bin".into()),
+            RootEntry::Dir("proc".into()),
+            RootEntry::Dir("tmp".into()),
+        ];
+        let spec = LaunchSpec {
+            argv: vec!["/usr/bin/sh".into(), "-c".into(), "true".into()],
+            hostname: "pod-a".into(),
+            pod_dir: PathBuf::from("/sim/pods/a"),
+            ..LaunchSpec::default()
+        };
+        let args: Vec<String> = bwrap_args(&root, &spec)
+            .into_iter()
+            .map(|a| a.into_string().unwrap())
+            .collect();
+        let text = args.join(" ");
+        assert!(
+            text.starts_with("--tmpfs / --ro-bind /usr /usr --symlink usr/bin /bin "),
+            "{text}"
+        );
+        assert!(!text.contains("--ro-bind /proc"));
+        assert!(text.contains("--hostname pod-a"));
+        assert!(text.contains("--bind /sim/pods/a /app"));
+        assert!(
+            text.ends_with("--remount-ro / --chdir /app -- /usr/bin/sh -c true"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn isolation_parses() {
+        assert_eq!("bwrap".parse::<Isolation>(), Ok(Isolation::Bwrap));
+        assert!("docker".parse::<Isolation>().is_err());
+    }
+}

@@ -1,0 +1,488 @@
+//! A simulated Kubernetes cluster for tests and local use (`docs/sim.md`).
+//!
+//! [`Sim::start`] serves, on 127.0.0.1, the subset of the Kubernetes API that our controller,
+//! router, SDK, CLI and agent use and that `kubectl` needs, and runs pods as local processes:
+//!
+//! - [`api`]: HTTP routing, discovery, Table output, watches, logs; [`portforward`]: the
+//!   WebSocket port-forward; [`ops`] and [`store`]: object semantics, storage, watch history;
+//!   [`admission`], [`apply`], [`patch`], [`selector`], [`jsonpath`], [`events`]: the pure
+//!   pieces they use;
+//! - [`kubelet`]: scheduling to one node, pod processes (optionally in bubblewrap), pod IPs,
+//!   probes, status, logs; [`gc`]: ownerReference garbage collection; [`controllers`]:
+//!   EndpointSlices, namespace lifecycle, PVC binding.
+//!
+//! The sim is a test harness and a playground, never a production target; `docs/sim.md` lists
+//! every way it differs from a real cluster.
+
+mod admission;
+mod api;
+mod apply;
+mod controllers;
+mod error;
+mod events;
+mod gc;
+mod jsonpath;
+pub mod kubelet;
+mod logs;
+mod meta;
+mod metrics;
+mod ops;
+mod patch;
+mod portforward;
+mod resources;
+mod selector;
+mod status;
+mod store;
+pub mod test_support;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::task::JoinSet;
+
+pub use error::{Error, Result};
+pub use kubelet::images::{DefaultReadiness, ImageEntry, ImageTable, Program, runtime_entry};
+pub use kubelet::process::{Isolation, ProcessTable};
+pub use metrics::{RequestCounts, RequestKey, WRITE_VERBS};
+pub use status::ApiError;
+
+use crate::ops::{Cluster, WriteOptions};
+
+/// Name of the one node pods are bound to.
+pub const NODE_NAME: &str = "sim-node";
+
+/// Namespaces every sim starts with.
+pub const DEFAULT_NAMESPACES: [&str; 4] =
+    ["default", "kube-system", "kube-public", "kube-node-lease"];
+
+/// How to start a sim.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    /// Port on 127.0.0.1; 0 lets the OS choose.
+    pub port: u16,
+    /// Pod process isolation.
+    pub isolation: Isolation,
+    /// Which program each image runs.
+    pub images: ImageTable,
+    /// Where to write the kubeconfig (default: `kubeconfig` in the data directory).
+    pub kubeconfig: Option<PathBuf>,
+    /// Where pods' directories and logs live (default: a temporary directory removed when the
+    /// sim is dropped).
+    pub data_dir: Option<PathBuf>,
+    /// Watch events kept for resuming watches; older versions get `410 Gone`.
+    pub watch_history: usize,
+    /// Interval of watch bookmarks.
+    pub bookmark_interval: Duration,
+    /// Readiness probe interval until a container is first ready.
+    pub fast_probe_interval: Duration,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            port: 0,
+            isolation: Isolation::Auto,
+            images: ImageTable::with_defaults(),
+            kubeconfig: None,
+            data_dir: None,
+            watch_history: 10_000,
+            bookmark_interval: Duration::from_secs(5),
+            fast_probe_interval: Duration::from_millis(50),
+        }
+    }
+}
+
+impl SimConfig {
+    /// Sets the isolation.
+    #[must_use]
+    pub fn isolation(mut self, isolation: Isolation) -> Self {
+        self.isolation = isolation;
+        self
+    }
+
+    /// Adds an image entry that takes precedence over the existing ones.
+    #[must_use]
+    pub fn image(mut self, entry: ImageEntry) -> Self {
+        self.images.prepend(entry);
+        self
+    }
+
+    /// Replaces the image table.
+    #[must_use]
+    pub fn images(mut self, images: ImageTable) -> Self {
+        self.images = images;
+        self
+    }
+
+    /// Sets the kubeconfig path.
+    #[must_use]
+    pub fn kubeconfig(mut self, path: impl Into<PathBuf>) -> Self {
+        self.kubeconfig = Some(path.into());
+        self
+    }
+
+    /// Sets the data directory.
+    #[must_use]
+    pub fn data_dir(mut self, path: impl Into<PathBuf>) -> Self {
+        self.data_dir = Some(path.into());
+        self
+    }
+
+    /// Sets the port.
+    #[must_use]
+    pub fn port(mut self, port: u16) -> Self {
+        self.port = port;
+        self
+    }
+}
+
+/// A running simulated cluster. Dropping it stops the server and kills every pod process.
+#[derive(Debug)]
+pub struct Sim {
+    addr: SocketAddr,
+    base_url: String,
+    kubeconfig: PathBuf,
+    data_dir: PathBuf,
+    isolation: Isolation,
+    cluster: Arc<Cluster>,
+    api: Arc<api::ApiState>,
+    processes: Arc<ProcessTable>,
+    tasks: JoinSet<()>,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    _temp: Option<tempfile::TempDir>,
+}
+
+fn internal_options() -> WriteOptions {
+    WriteOptions {
+        manager: "kube-sim".to_owned(),
+        ..WriteOptions::default()
+    }
+}
+
+fn seed(cluster: &Cluster) -> Result<()> {
+    let seed_err = |what: &str| {
+        let what = what.to_owned();
+        move |source| Error::Seed { what, source }
+    };
+    let namespaces = cluster
+        .builtin("", "namespaces")
+        .map_err(seed_err("namespaces"))?;
+    for name in DEFAULT_NAMESPACES {
+        cluster
+            .create(
+                &namespaces,
+                "",
+                json!({"metadata": {"name": name}}),
+                &internal_options(),
+            )
+            .map_err(seed_err(&format!("namespace {name}")))?;
+    }
+    let nodes = cluster.builtin("", "nodes").map_err(seed_err("nodes"))?;
+    cluster
+        .create_internal(&nodes, kubelet::node_object(NODE_NAME))
+        .map_err(seed_err("the node"))?;
+    let services = cluster
+        .builtin("", "services")
+        .map_err(seed_err("services"))?;
+    cluster
+        .create(
+            &services,
+            "default",
+            json!({"metadata": {"name": "kubernetes", "labels": {"component": "apiserver", "provider": "kubernetes"}},
+                   "spec": {"clusterIP": "10.96.0.1", "ports": [{"name": "https", "port": 443, "targetPort": 6443}]}}),
+            &internal_options(),
+        )
+        .map_err(seed_err("the kubernetes Service"))?;
+    Ok(())
+}
+
+/// Named CRD objects, or the CRD whose preparation failed.
+type PreparedCrds = std::result::Result<Vec<(String, serde_json::Value)>, (String, ApiError)>;
+
+/// The project's CRDs as the API server stores them after a server-side apply by `kube-sim`
+/// (without uid and timestamps), computed once per process: generating and admitting them
+/// takes long enough to matter when every test starts a sim.
+fn prepared_crds() -> Result<&'static [(String, serde_json::Value)]> {
+    static PREPARED: std::sync::OnceLock<PreparedCrds> = std::sync::OnceLock::new();
+    let prepared = PREPARED.get_or_init(|| {
+        let scratch = Cluster::new(16);
+        let info = scratch
+            .builtin("apiextensions.k8s.io", "customresourcedefinitions")
+            .map_err(|e| ("customresourcedefinitions".to_owned(), e))?;
+        let mut out = Vec::new();
+        for crd in agent_sandbox_api::crds::all() {
+            let name = crd.metadata.name.clone().unwrap_or_default();
+            let mut value = serde_json::to_value(&crd)
+                .map_err(|e| (name.clone(), ApiError::internal(e.to_string())))?;
+            value["apiVersion"] = json!("apiextensions.k8s.io/v1");
+            value["kind"] = json!("CustomResourceDefinition");
+            let mut options = internal_options();
+            options.force = true;
+            let written = scratch
+                .apply(&info, "", &name, &value, ops::Subresource::Main, &options)
+                .map_err(|e| (name.clone(), e))?;
+            out.push((name, written.object));
+        }
+        Ok(out)
+    });
+    prepared
+        .as_ref()
+        .map(Vec::as_slice)
+        .map_err(|(name, source)| Error::Crd {
+            name: name.clone(),
+            source: source.clone(),
+        })
+}
+
+/// The kubeconfig of a sim at `base_url`.
+pub fn kubeconfig_yaml(base_url: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: sim\n  cluster:\n    server: {base_url}\nusers:\n- name: sim\n  user: {{}}\ncontexts:\n- name: sim\n  context:\n    cluster: sim\n    user: sim\n    namespace: default\ncurrent-context: sim\npreferences: {{}}\n"
+    )
+}
+
+fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)?;
+    }
+    let temporary = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&temporary, text)?;
+    std::fs::rename(&temporary, path)
+}
+
+impl Sim {
+    /// Starts a sim: API server, kubelet, garbage collector and controllers.
+    pub async fn start(config: SimConfig) -> Result<Self> {
+        let (temp, data_dir) = match &config.data_dir {
+            Some(dir) => (None, dir.clone()),
+            None => {
+                let temp = tempfile::Builder::new()
+                    .prefix("kube-sim-")
+                    .tempdir()
+                    .map_err(|source| Error::DataDir {
+                        path: std::env::temp_dir(),
+                        source,
+                    })?;
+                let path = temp.path().to_path_buf();
+                (Some(temp), path)
+            }
+        };
+        let pods_dir = data_dir.join("pods");
+        let volumes_dir = data_dir.join("volumes");
+        for dir in [&pods_dir, &volumes_dir] {
+            std::fs::create_dir_all(dir).map_err(|source| Error::DataDir {
+                path: dir.clone(),
+                source,
+            })?;
+        }
+        let isolation = match config.isolation {
+            Isolation::Auto if kubelet::process::bwrap_available() => Isolation::Bwrap,
+            Isolation::Auto | Isolation::None => Isolation::None,
+            Isolation::Bwrap if kubelet::process::bwrap_available() => Isolation::Bwrap,
+            Isolation::Bwrap => return Err(Error::NoBwrap),
+        };
+        let cluster = Arc::new(Cluster::new(config.watch_history));
+        seed(&cluster)?;
+
+        let bind = format!("127.0.0.1:{}", config.port);
+        let listener = tokio::net::TcpListener::bind(&bind)
+            .await
+            .map_err(|source| Error::Bind {
+                addr: bind.clone(),
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| Error::Bind {
+            addr: bind.clone(),
+            source,
+        })?;
+        let base_url = format!("http://{addr}");
+        let metrics = Arc::new(metrics::Metrics::default());
+        let (watch_epoch, _) = tokio::sync::watch::channel(0);
+        let api = Arc::new(api::ApiState {
+            cluster: cluster.clone(),
+            metrics,
+            pods_dir: pods_dir.clone(),
+            server: addr.to_string(),
+            bookmark_interval: config.bookmark_interval,
+            tasks: std::sync::Mutex::new(JoinSet::new()),
+            watch_epoch,
+        });
+        let processes = Arc::new(ProcessTable::default());
+        let mut tasks = JoinSet::new();
+        let (shutdown, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
+        let router = api::router(api.clone());
+        tasks.spawn(async move {
+            let served = axum::serve(listener, router)
+                .with_graceful_shutdown(async move {
+                    let _ = shutdown_rx.await;
+                })
+                .await;
+            if let Err(error) = served {
+                tracing::error!(%error, "the sim's API server stopped");
+            }
+        });
+        let ctx = Arc::new(kubelet::KubeletContext {
+            cluster: cluster.clone(),
+            node: NODE_NAME.to_owned(),
+            images: config.images.clone(),
+            bwrap: isolation == Isolation::Bwrap,
+            pods_dir,
+            volumes_dir,
+            fast_probe: config.fast_probe_interval,
+            processes: processes.clone(),
+            exe: std::env::current_exe().ok(),
+        });
+        tasks.spawn(kubelet::Kubelet::new(ctx).run(cluster.store.subscribe()));
+        tasks.spawn(gc::run(
+            gc::Collector::new(cluster.clone()),
+            cluster.store.subscribe(),
+        ));
+        tasks.spawn(controllers::run(
+            controllers::Controllers::new(cluster.clone()),
+            cluster.store.subscribe(),
+        ));
+        let kubeconfig = config
+            .kubeconfig
+            .clone()
+            .unwrap_or_else(|| data_dir.join("kubeconfig"));
+        write_atomically(&kubeconfig, &kubeconfig_yaml(&base_url)).map_err(|source| {
+            Error::Kubeconfig {
+                path: kubeconfig.clone(),
+                source,
+            }
+        })?;
+        tracing::info!(%base_url, kubeconfig = %kubeconfig.display(), ?isolation, "simulated cluster ready");
+        Ok(Self {
+            addr,
+            base_url,
+            kubeconfig,
+            data_dir,
+            isolation,
+            cluster,
+            api,
+            processes,
+            tasks,
+            shutdown: Some(shutdown),
+            _temp: temp,
+        })
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn base_url(&self) -> &str {
+        &self.base_url
+    }
+
+    /// The server's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The kubeconfig file (cluster, user and context `sim`, namespace `default`).
+    pub fn kubeconfig_path(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The directory holding pods' directories and logs.
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// The isolation pods actually get (`Auto` resolved).
+    pub fn isolation(&self) -> Isolation {
+        self.isolation
+    }
+
+    /// A kube client for the sim (default namespace `default`).
+    pub fn client(&self) -> Result<kube::Client> {
+        // kube's TLS stack needs a process-wide provider even for plain HTTP.
+        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+        let url: http::Uri = self
+            .base_url
+            .parse()
+            .map_err(|error: http::uri::InvalidUri| Error::Client {
+                url: self.base_url.clone(),
+                source: kube::Error::Service(error.into()),
+            })?;
+        let mut config = kube::Config::new(url);
+        config.default_namespace = "default".to_owned();
+        kube::Client::try_from(config).map_err(|source| Error::Client {
+            url: self.base_url.clone(),
+            source,
+        })
+    }
+
+    /// Registers the project's CRDs (`agent_sandbox_api::crds::all()`), as
+    /// `kubectl apply --server-side -f deploy/crds/` would (field manager `kube-sim`), without
+    /// counting requests. The admitted objects are prepared once per process, so this is cheap.
+    pub fn apply_crds(&self) -> Result<()> {
+        let info = self
+            .cluster
+            .builtin("apiextensions.k8s.io", "customresourcedefinitions")
+            .map_err(|source| Error::Crd {
+                name: "customresourcedefinitions".into(),
+                source,
+            })?;
+        for (name, object) in prepared_crds()? {
+            if self.cluster.store.get(&info.storage(), "", name).is_some() {
+                continue;
+            }
+            self.cluster
+                .create_prepared(&info, object.clone())
+                .map_err(|source| Error::Crd {
+                    name: name.clone(),
+                    source,
+                })?;
+        }
+        Ok(())
+    }
+
+    /// The request counters so far.
+    pub fn request_counts(&self) -> RequestCounts {
+        self.api.metrics.snapshot()
+    }
+
+    /// The counters as Prometheus text (what `GET /sim/metrics` serves).
+    pub fn metrics_text(&self) -> String {
+        self.api.metrics.render()
+    }
+
+    /// Forgets the watch history, so that resuming a watch from any earlier version yields
+    /// `410 Gone` (what etcd compaction does).
+    pub fn compact_watch_history(&self) {
+        self.cluster.store.compact();
+    }
+
+    /// Ends every open watch, as an API server restart does; clients re-watch from their last
+    /// version.
+    pub fn close_watches(&self) {
+        self.api.watch_epoch.send_modify(|epoch| *epoch += 1);
+    }
+
+    /// The pod process groups alive right now.
+    pub fn live_process_groups(&self) -> usize {
+        self.processes.len()
+    }
+
+    /// Stops the server, the controllers and every pod process.
+    pub async fn stop(mut self) {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+        self.close_watches();
+        self.api.abort_tasks();
+        self.tasks.abort_all();
+        while self.tasks.join_next().await.is_some() {}
+        self.processes.kill_all();
+    }
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        self.api.abort_tasks();
+        self.tasks.abort_all();
+        self.processes.kill_all();
+    }
+}

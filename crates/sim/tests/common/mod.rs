@@ -1,0 +1,111 @@
+//! Helpers shared by the sim's integration tests.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use agent_sandbox_sim::{Isolation, Sim, SimConfig};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Starts a sim with the project's CRDs registered.
+pub(crate) async fn sim(isolation: Isolation) -> Sim {
+    let sim = Sim::start(SimConfig::default().isolation(isolation))
+        .await
+        .unwrap();
+    sim.apply_crds().unwrap();
+    sim
+}
+
+/// Polls `check` until it returns `Some`, for at most 30 s (a bound, not a speed assertion).
+pub(crate) async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    for _ in 0..1500 {
+        if let Some(value) = check().await {
+            return value;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("gave up waiting for {what}");
+}
+
+/// Whether any process is in process group `pgid` (zombies count as gone).
+pub(crate) fn group_alive(pgid: i32) -> bool {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    entries.flatten().any(|entry| {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            return false;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            return false;
+        };
+        let Some((_, after)) = stat.rsplit_once(')') else {
+            return false;
+        };
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        fields.first() != Some(&"Z")
+            && fields.get(2).and_then(|g| g.parse::<i32>().ok()) == Some(pgid)
+    })
+}
+
+/// The PID in a `sim://PID` container id.
+pub(crate) fn container_pid(pod: &k8s_openapi::api::core::v1::Pod) -> i32 {
+    let id = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|s| s.first())
+        .and_then(|s| s.container_id.clone())
+        .expect("container id");
+    id.trim_start_matches("sim://").parse().expect("pid")
+}
+
+/// `GET path` over plain HTTP/1.1; returns status and body.
+pub(crate) async fn http_get(addr: &str, path: &str) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await.unwrap();
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (code, body)
+}
+
+/// A stand-in for the runtime image until `sandbox-runtime` is in the workspace: answers
+/// `GET /` with the runtime's status JSON on `SANDBOX_LISTEN`.
+pub(crate) fn runtime_stand_in(dir: &Path) -> PathBuf {
+    let path = dir.join("runtime-stand-in");
+    std::fs::write(
+        &path,
+        "#!/usr/bin/env python3\nimport http.server, json, os, signal, sys\n\
+         host, port = os.environ['SANDBOX_LISTEN'].rsplit(':', 1)\n\
+         class H(http.server.BaseHTTPRequestHandler):\n\
+         \x20   protocol_version = 'HTTP/1.1'\n\
+         \x20   def do_GET(self):\n\
+         \x20       body = json.dumps({'status': 'ok'}).encode()\n\
+         \x20       self.send_response(200); self.send_header('content-length', str(len(body))); self.end_headers(); self.wfile.write(body)\n\
+         signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n\
+         http.server.HTTPServer((host, int(port)), H).serve_forever()\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    path
+}

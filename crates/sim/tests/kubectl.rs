@@ -1,0 +1,284 @@
+//! Fidelity checked with a client nobody here wrote: the real `kubectl` against the sim.
+//! Skipped, with a printed reason, where `kubectl` is not installed (`.ci/run` installs it).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+use agent_sandbox_sim::{Isolation, Sim, SimConfig, runtime_entry};
+use common::{group_alive, http_get, runtime_stand_in};
+use tokio::io::AsyncWriteExt;
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn kubectl_available() -> bool {
+    std::process::Command::new("kubectl")
+        .args(["version", "--client"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success())
+}
+
+macro_rules! require_kubectl {
+    () => {
+        if !kubectl_available() {
+            eprintln!("skipped: kubectl is not installed (bash .ci/run installs it)");
+            return;
+        }
+    };
+}
+
+/// Runs kubectl against one sim with its own discovery cache.
+struct Kubectl {
+    kubeconfig: PathBuf,
+    cache: tempfile::TempDir,
+}
+
+impl Kubectl {
+    fn new(sim: &Sim) -> Self {
+        Self {
+            kubeconfig: sim.kubeconfig_path().to_path_buf(),
+            cache: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    async fn run_with_input(&self, args: &[&str], input: Option<&str>) -> Output {
+        let mut command = tokio::process::Command::new("kubectl");
+        command
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .arg("--cache-dir")
+            .arg(self.cache.path())
+            .args(args)
+            .stdin(if input.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = command.spawn().unwrap();
+        if let Some(input) = input {
+            let mut stdin = child.stdin.take().unwrap();
+            stdin.write_all(input.as_bytes()).await.unwrap();
+        }
+        tokio::time::timeout(Duration::from_secs(120), child.wait_with_output())
+            .await
+            .expect("kubectl finished in time")
+            .unwrap()
+    }
+
+    async fn run(&self, args: &[&str]) -> Output {
+        self.run_with_input(args, None).await
+    }
+
+    /// Runs and requires success; returns stdout.
+    async fn ok(&self, args: &[&str]) -> String {
+        let output = self.run(args).await;
+        assert!(
+            output.status.success(),
+            "kubectl {args:?} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8(output.stdout).unwrap()
+    }
+}
+
+const CRDS: [&str; 4] = [
+    "sandboxclaims.extensions.agents.x-k8s.io",
+    "sandboxes.agents.x-k8s.io",
+    "sandboxtemplates.extensions.agents.x-k8s.io",
+    "sandboxwarmpools.extensions.agents.x-k8s.io",
+];
+
+#[tokio::test]
+async fn kubectl_applies_the_generated_crds_and_lists_them() {
+    require_kubectl!();
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let kubectl = Kubectl::new(&sim);
+    let dir = workspace_root().join("deploy/crds/");
+    let output = kubectl
+        .run(&["apply", "--server-side", "-f", dir.to_str().unwrap()])
+        .await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    for crd in CRDS {
+        assert!(
+            stdout.contains(&format!(
+                "customresourcedefinition.apiextensions.k8s.io/{crd} serverside-applied"
+            )),
+            "{stdout}"
+        );
+    }
+    // The directory also holds kustomization.yaml, which is not a Kubernetes object: kubectl
+    // reports it against any cluster; nothing else may fail.
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    for line in stderr.lines().filter(|l| !l.trim().is_empty()) {
+        assert!(
+            line.contains("kustomization.yaml"),
+            "unexpected kubectl error: {line}"
+        );
+    }
+    let listed = kubectl.ok(&["get", "crds"]).await;
+    assert!(listed.starts_with("NAME"), "{listed}");
+    let names: Vec<&str> = listed
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert_eq!(names, CRDS);
+    // Through kustomize, everything applies cleanly; re-applying is idempotent.
+    let kustomized = kubectl
+        .ok(&[
+            "apply",
+            "--server-side",
+            "-k",
+            workspace_root().join("deploy/crds").to_str().unwrap(),
+        ])
+        .await;
+    assert_eq!(kustomized.lines().count(), 4, "{kustomized}");
+}
+
+#[tokio::test]
+async fn kubectl_runs_waits_for_lists_and_deletes_a_runtime_pod() {
+    require_kubectl!();
+    let programs = tempfile::tempdir().unwrap();
+    let program = runtime_stand_in(programs.path());
+    let config = SimConfig::default()
+        .isolation(Isolation::Auto)
+        .image(runtime_entry(
+            "*runtime*",
+            agent_sandbox_sim::Program::Path(program),
+        ));
+    let sim = Sim::start(config).await.unwrap();
+    let kubectl = Kubectl::new(&sim);
+    let manifest = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: rt\nspec:\n  containers:\n  - name: runtime\n    image: registry.example/agent-sandbox/python-runtime-sandbox:v0.1\n";
+    let applied = kubectl
+        .run_with_input(&["apply", "--server-side", "-f", "-"], Some(manifest))
+        .await;
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    kubectl
+        .ok(&["wait", "--for=condition=Ready", "pod/rt", "--timeout=60s"])
+        .await;
+    let wide = kubectl.ok(&["get", "pods", "-o", "wide"]).await;
+    let row = wide
+        .lines()
+        .find(|l| l.starts_with("rt "))
+        .expect("a row for the pod");
+    let columns: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(&columns[..3], ["rt", "1/1", "Running"], "{wide}");
+    let ip = columns[5];
+    assert!(ip.starts_with("127.") && ip != "127.0.0.1", "{wide}");
+    let (code, body) = http_get(&format!("{ip}:8888"), "/").await;
+    assert_eq!(code, 200);
+    let status: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(status["status"], "ok");
+    let id = kubectl
+        .ok(&[
+            "get",
+            "pod",
+            "rt",
+            "-o",
+            "jsonpath={.status.containerStatuses[0].containerID}",
+        ])
+        .await;
+    let pid: i32 = id.trim_start_matches("sim://").parse().unwrap();
+    assert!(group_alive(pid));
+    let deleted = kubectl.ok(&["delete", "pod", "rt"]).await;
+    assert_eq!(deleted.trim(), "pod \"rt\" deleted");
+    // kubectl returns once the object is gone, which happens after the processes are gone.
+    assert!(
+        !group_alive(pid),
+        "the pod's processes outlived `kubectl delete`"
+    );
+    let empty = kubectl.run(&["get", "pod", "rt"]).await;
+    assert!(String::from_utf8_lossy(&empty.stderr).contains("NotFound"));
+}
+
+#[tokio::test]
+async fn kubectl_gets_sandboxes_and_scales_warm_pools() {
+    require_kubectl!();
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    sim.apply_crds().unwrap();
+    let kubectl = Kubectl::new(&sim);
+    let manifests = "apiVersion: agents.x-k8s.io/v1beta1\nkind: Sandbox\nmetadata:\n  name: sb1\nspec:\n  podTemplate:\n    spec:\n      containers:\n      - name: c\n        image: busybox\n---\napiVersion: extensions.agents.x-k8s.io/v1beta1\nkind: SandboxWarmPool\nmetadata:\n  name: pool\nspec:\n  replicas: 1\n  sandboxTemplateRef:\n    name: t\n";
+    let applied = kubectl
+        .run_with_input(&["apply", "--server-side", "-f", "-"], Some(manifests))
+        .await;
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    let sandboxes = kubectl.ok(&["get", "sandboxes"]).await;
+    let mut lines = sandboxes.lines();
+    let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(header, ["NAME", "READY", "REASON", "AGE"]);
+    assert!(lines.next().unwrap().starts_with("sb1 "), "{sandboxes}");
+    let scaled = kubectl
+        .ok(&["scale", "sandboxwarmpool", "pool", "--replicas=3"])
+        .await;
+    assert!(scaled.contains("scaled"), "{scaled}");
+    let replicas = kubectl
+        .ok(&["get", "swp", "pool", "-o", "jsonpath={.spec.replicas}"])
+        .await;
+    assert_eq!(replicas, "3");
+    let short = kubectl.ok(&["get", "sandbox", "sb1", "-o", "name"]).await;
+    assert_eq!(short.trim(), "sandbox.agents.x-k8s.io/sb1");
+}
+
+#[tokio::test]
+async fn kubectl_shows_logs_events_and_describes_pods() {
+    require_kubectl!();
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let kubectl = Kubectl::new(&sim);
+    let manifest = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: talker\nspec:\n  restartPolicy: Never\n  containers:\n  - name: main\n    image: busybox\n    command: [sh, -c, 'echo one; echo two']\n";
+    let applied = kubectl
+        .run_with_input(&["apply", "-f", "-"], Some(manifest))
+        .await;
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    kubectl
+        .ok(&[
+            "wait",
+            "--for=jsonpath={.status.phase}=Succeeded",
+            "pod/talker",
+            "--timeout=60s",
+        ])
+        .await;
+    assert_eq!(kubectl.ok(&["logs", "talker"]).await, "one\ntwo\n");
+    assert_eq!(kubectl.ok(&["logs", "talker", "--tail=1"]).await, "two\n");
+    let events = kubectl.ok(&["get", "events"]).await;
+    assert!(events.contains("Started container main"), "{events}");
+    let described = kubectl.ok(&["describe", "pod", "talker"]).await;
+    assert!(
+        described.contains("Status:           Succeeded"),
+        "{described}"
+    );
+    assert!(described.contains("Scheduled"), "{described}");
+    // A label change through kubectl's strategic merge patch.
+    kubectl.ok(&["label", "pod", "talker", "team=sim"]).await;
+    let labels = kubectl
+        .ok(&[
+            "get",
+            "pod",
+            "talker",
+            "-o",
+            "jsonpath={.metadata.labels.team}",
+        ])
+        .await;
+    assert_eq!(labels, "sim");
+}

@@ -1,0 +1,116 @@
+//! `Api::<Pod>::portforward` against the sim reaches the server in a pod.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use agent_sandbox_sim::{Isolation, Program, Sim, SimConfig, runtime_entry};
+use common::{eventually, runtime_stand_in};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, PostParams};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+async fn ready_runtime_pod(sim: &Sim) -> Api<Pod> {
+    let pods: Api<Pod> = Api::default_namespaced(sim.client().unwrap());
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "rt"},
+        "spec": {"containers": [{"name": "runtime", "image": "sandbox-runtime:latest"}]}
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    eventually("the runtime pod to be ready", || async {
+        let pod = pods.get("rt").await.unwrap();
+        let ready = pod
+            .status?
+            .conditions?
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True");
+        ready.then_some(())
+    })
+    .await;
+    pods
+}
+
+/// Reads one HTTP response with a `content-length`.
+async fn read_response(stream: &mut tokio::io::DuplexStream) -> String {
+    let mut buffer = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let read = stream.read(&mut chunk).await.unwrap();
+        assert!(read > 0, "connection closed before a whole response");
+        buffer.extend_from_slice(&chunk[..read]);
+        let text = String::from_utf8_lossy(&buffer).into_owned();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length = head
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .map(|v| v.trim().parse::<usize>().unwrap())
+                })
+                .unwrap_or(0);
+            if body.len() >= length {
+                return text;
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn port_forward_reaches_the_runtime_in_a_pod() {
+    let programs = tempfile::tempdir().unwrap();
+    let config = SimConfig::default()
+        .isolation(Isolation::Auto)
+        .image(runtime_entry(
+            "*runtime*",
+            Program::Path(runtime_stand_in(programs.path())),
+        ));
+    let sim = Sim::start(config).await.unwrap();
+    let pods = ready_runtime_pod(&sim).await;
+
+    // Keep-alive: the client reads one response and then closes the forward.
+    let mut forwarder = pods.portforward("rt", &[8888]).await.unwrap();
+    let mut stream = forwarder.take_stream(8888).unwrap();
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nHost: rt\r\n\r\n")
+        .await
+        .unwrap();
+    let response = read_response(&mut stream).await;
+    assert!(response.starts_with("HTTP/1."), "{response}");
+    assert!(response.contains(" 200 "), "{response}");
+    assert!(response.contains("\"status\""), "{response}");
+    drop(stream);
+    forwarder.join().await.unwrap();
+
+    // Connection: close: the pod's end of the connection reaches the client as end of stream.
+    let mut forwarder = pods.portforward("rt", &[8888]).await.unwrap();
+    let mut stream = forwarder.take_stream(8888).unwrap();
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nHost: rt\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await.unwrap();
+    assert!(String::from_utf8_lossy(&response).contains(" 200 "));
+    assert_eq!(
+        sim.request_counts().get("connect", "", "pods/portforward"),
+        2
+    );
+}
+
+#[tokio::test]
+async fn port_forward_to_a_closed_port_reports_on_the_error_channel() {
+    let programs = tempfile::tempdir().unwrap();
+    let config = SimConfig::default()
+        .isolation(Isolation::None)
+        .image(runtime_entry(
+            "*runtime*",
+            Program::Path(runtime_stand_in(programs.path())),
+        ));
+    let sim = Sim::start(config).await.unwrap();
+    let pods = ready_runtime_pod(&sim).await;
+    let mut forwarder = pods.portforward("rt", &[9]).await.unwrap();
+    let error = forwarder.take_error(9).unwrap().await;
+    let message = error.expect("an error message");
+    assert!(message.contains("port 9"), "{message}");
+}

@@ -1,0 +1,361 @@
+//! Cases for `crates/runtime`: the release `sandbox-runtime` binary started as the simulated
+//! cluster starts it (env `SANDBOX_LISTEN`, `SANDBOX_BASE_DIR`) and driven over loopback HTTP
+//! with a hyper client: `/execute` round trips at concurrency 1 and 16, idle RSS, and 1 GiB
+//! streamed PUT and GET with the server's peak RSS.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::Frame;
+use hyper::client::conn::http1::SendRequest;
+use hyper::{Method, Request, StatusCode};
+use hyper_util::rt::TokioIo;
+
+use super::{Case, Options, Row, Samples, format_duration};
+
+pub(super) fn cases() -> Vec<Case> {
+    vec![
+        Case {
+            name: "runtime/exec-echo",
+            about: "POST /execute {\"command\":\"echo hi\"} round trips, concurrency 1 and 16",
+            run: exec_echo,
+        },
+        Case {
+            name: "runtime/idle-rss",
+            about: "resident memory of an idle sandbox-runtime after startup and one request",
+            run: idle_rss,
+        },
+        Case {
+            name: "runtime/transfer-1gib",
+            about: "1 GiB streamed PUT and GET through /v1/files, with the server's peak RSS",
+            run: transfer,
+        },
+    ]
+}
+
+/// The release binary, built on demand.
+fn build(root: &Path) -> Result<PathBuf> {
+    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()))
+        .args([
+            "build",
+            "--quiet",
+            "--release",
+            "-p",
+            "agent-sandbox-runtime",
+            "--bin",
+            "sandbox-runtime",
+        ])
+        .current_dir(root)
+        .status()
+        .context("failed to run cargo build for sandbox-runtime")?;
+    if !status.success() {
+        bail!("cargo build --release -p agent-sandbox-runtime failed");
+    }
+    Ok(root.join("target/release/sandbox-runtime"))
+}
+
+/// A running runtime, killed on drop, with its base directory removed.
+struct Runtime {
+    child: Child,
+    addr: SocketAddr,
+    base: PathBuf,
+}
+
+impl Runtime {
+    fn start(root: &Path, name: &str) -> Result<Self> {
+        let binary = build(root)?;
+        let base =
+            std::env::temp_dir().join(format!("bench-runtime-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&base)?;
+        let mut child = Command::new(binary)
+            .env("SANDBOX_LISTEN", "127.0.0.1:0")
+            .env("SANDBOX_BASE_DIR", &base)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("failed to start sandbox-runtime")?;
+        let stderr = child.stderr.take().context("no stderr")?;
+        let mut runtime = Self {
+            child,
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            base,
+        };
+        let mut lines = BufReader::new(stderr).lines();
+        runtime.addr = loop {
+            let line = lines
+                .next()
+                .context("sandbox-runtime exited before listening")??;
+            if let Some(rest) = line.split("listening on ").nth(1) {
+                break rest
+                    .split_whitespace()
+                    .next()
+                    .context("no address in the log line")?
+                    .parse()?;
+            }
+        };
+        // Keep draining the log so the runtime never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Ok(runtime)
+    }
+
+    /// `(VmRSS, VmHWM)` in KiB.
+    fn memory(&self) -> Result<(u64, u64)> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
+        let field = |name: &str| -> Result<u64> {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+                .with_context(|| format!("no {name} in /proc status"))
+        };
+        Ok((field("VmRSS:")?, field("VmHWM:")?))
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.base);
+    }
+}
+
+fn mib(kib: u64) -> String {
+    #[allow(clippy::cast_precision_loss)]
+    let value = kib as f64 / 1024.0;
+    format!("{value:.1} MiB")
+}
+
+fn tokio_runtime(threads: usize) -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()?)
+}
+
+async fn connect(addr: SocketAddr) -> Result<SendRequest<Full<Bytes>>> {
+    let stream = tokio::net::TcpStream::connect(addr).await?;
+    stream.set_nodelay(true)?;
+    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(sender)
+}
+
+/// `n` sequential `/execute` calls on one keep-alive connection; per-call latencies.
+async fn execute_loop(addr: SocketAddr, n: usize) -> Result<Vec<Duration>> {
+    let mut sender = connect(addr).await?;
+    let body = Bytes::from_static(br#"{"command":"echo hi"}"#);
+    let mut latencies = Vec::with_capacity(n);
+    for _ in 0..n {
+        let request = Request::builder()
+            .method(Method::POST)
+            .uri("/execute")
+            .header("host", "sandbox")
+            .header("content-type", "application/json")
+            .body(Full::new(body.clone()))?;
+        let start = Instant::now();
+        sender.ready().await?;
+        let response = sender.send_request(request).await?;
+        let status = response.status();
+        let bytes = response.into_body().collect().await?.to_bytes();
+        latencies.push(start.elapsed());
+        if status != StatusCode::OK || !bytes.starts_with(br#"{"stdout":"hi\n""#) {
+            bail!(
+                "unexpected answer {status}: {}",
+                String::from_utf8_lossy(&bytes)
+            );
+        }
+    }
+    Ok(latencies)
+}
+
+fn per_second(count: usize, elapsed: Duration) -> String {
+    #[allow(clippy::cast_precision_loss)]
+    let rate = count as f64 / elapsed.as_secs_f64().max(1e-9);
+    format!("{rate:.0} req/s")
+}
+
+fn exec_echo(root: &Path, options: Options) -> Result<Vec<Row>> {
+    // The machine's floor: spawning and reaping `echo` directly, no HTTP, no runtime.
+    let mut floor = Samples::with_capacity(200);
+    for _ in 0..options.iterations(500) {
+        let start = Instant::now();
+        let output = Command::new("echo").arg("hi").output()?;
+        floor.push(start.elapsed());
+        if output.stdout != b"hi\n" {
+            bail!("echo printed {:?}", output.stdout);
+        }
+    }
+    let mut rows = vec![
+        Row::new("runtime/spawn-floor")
+            .median(format_duration(floor.median()))
+            .p99(format_duration(floor.p99()))
+            .notes(format!(
+                "{} x std::process::Command echo from the bench process: what one fork+exec+wait costs on this machine",
+                floor.len()
+            )),
+    ];
+    let server = Runtime::start(root, "exec")?;
+    let addr = server.addr;
+    let rt = tokio_runtime(2)?;
+    // Warm up (page cache, connection paths).
+    rt.block_on(execute_loop(addr, 50))?;
+    for concurrency in [1usize, 16] {
+        let per_client = options.iterations(if concurrency == 1 { 2000 } else { 250 });
+        let start = Instant::now();
+        let results = rt.block_on(async {
+            let mut tasks = Vec::new();
+            for _ in 0..concurrency {
+                tasks.push(tokio::spawn(execute_loop(addr, per_client)));
+            }
+            let mut all = Vec::new();
+            for task in tasks {
+                all.extend(task.await??);
+            }
+            anyhow::Ok(all)
+        })?;
+        let elapsed = start.elapsed();
+        let mut samples = Samples::with_capacity(results.len());
+        for latency in &results {
+            samples.push(*latency);
+        }
+        let (_, hwm) = server.memory()?;
+        rows.push(
+            Row::new(format!("runtime/exec-echo-c{concurrency}"))
+                .median(format_duration(samples.median()))
+                .p99(format_duration(samples.p99()))
+                .throughput(per_second(results.len(), elapsed))
+                .peak_rss(mib(hwm))
+                .notes(format!(
+                    "{} requests, {concurrency} keep-alive connection(s), fork+exec of echo each",
+                    results.len()
+                )),
+        );
+    }
+    Ok(rows)
+}
+
+fn idle_rss(root: &Path, _: Options) -> Result<Vec<Row>> {
+    let server = Runtime::start(root, "idle")?;
+    let rt = tokio_runtime(1)?;
+    let health = rt.block_on(async {
+        let mut sender = connect(server.addr).await?;
+        let request = Request::builder()
+            .uri("/")
+            .header("host", "sandbox")
+            .body(Full::new(Bytes::new()))?;
+        let response = sender.send_request(request).await?;
+        anyhow::Ok(response.status())
+    })?;
+    if health != StatusCode::OK {
+        bail!("GET / answered {health}");
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let (rss, hwm) = server.memory()?;
+    Ok(vec![
+        Row::new("runtime/idle-rss")
+            .median(mib(rss))
+            .peak_rss(mib(hwm))
+            .notes("VmRSS after startup and GET / (median column); target < 5 MiB"),
+    ])
+}
+
+fn transfer(root: &Path, options: Options) -> Result<Vec<Row>> {
+    let size: u64 = if options.quick { 128 << 20 } else { 1 << 30 };
+    let server = Runtime::start(root, "transfer")?;
+    let (_, idle_hwm) = server.memory()?;
+    let rt = tokio_runtime(2)?;
+    let addr = server.addr;
+    let chunk = Bytes::from(
+        (0..256 * 1024)
+            .map(|i| (i % 251) as u8)
+            .collect::<Vec<u8>>(),
+    );
+
+    let put_elapsed = rt.block_on(async {
+        let stream = tokio::net::TcpStream::connect(addr).await?;
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        let chunks = size / chunk.len() as u64;
+        let body_chunk = chunk.clone();
+        let body = StreamBody::new(
+            futures_util::stream::iter(0..chunks)
+                .map(move |_| Ok::<_, std::io::Error>(Frame::data(body_chunk.clone()))),
+        );
+        let request = Request::builder()
+            .method(Method::PUT)
+            .uri("/v1/files/bench.bin")
+            .header("host", "sandbox")
+            .header("content-length", size)
+            .body(body)?;
+        let start = Instant::now();
+        let response = sender.send_request(request).await?;
+        let status = response.status();
+        let _ = response.into_body().collect().await?;
+        if status != StatusCode::NO_CONTENT {
+            bail!("PUT answered {status}");
+        }
+        anyhow::Ok(start.elapsed())
+    })?;
+    let (_, put_hwm) = server.memory()?;
+
+    let (get_elapsed, received) = rt.block_on(async {
+        let mut sender = connect(addr).await?;
+        let request = Request::builder()
+            .uri("/v1/files/bench.bin")
+            .header("host", "sandbox")
+            .body(Full::new(Bytes::new()))?;
+        let start = Instant::now();
+        let response = sender.send_request(request).await?;
+        if response.status() != StatusCode::OK {
+            bail!("GET answered {}", response.status());
+        }
+        let mut body = response.into_body().into_data_stream();
+        let mut received: u64 = 0;
+        while let Some(data) = body.next().await {
+            received += data?.len() as u64;
+        }
+        anyhow::Ok((start.elapsed(), received))
+    })?;
+    if received != size {
+        bail!("GET returned {received} bytes instead of {size}");
+    }
+    let (_, get_hwm) = server.memory()?;
+    let rate = |elapsed: Duration| {
+        #[allow(clippy::cast_precision_loss)]
+        let value = size as f64 / (1024.0 * 1024.0) / elapsed.as_secs_f64().max(1e-9);
+        format!("{value:.0} MiB/s")
+    };
+    let label = if options.quick { "128 MiB" } else { "1 GiB" };
+    Ok(vec![
+        Row::new("runtime/put-1gib")
+            .median(format_duration(put_elapsed))
+            .throughput(rate(put_elapsed))
+            .peak_rss(mib(put_hwm))
+            .notes(format!(
+                "{label} streamed PUT /v1/files (temp + rename); idle peak {}",
+                mib(idle_hwm)
+            )),
+        Row::new("runtime/get-1gib")
+            .median(format_duration(get_elapsed))
+            .throughput(rate(get_elapsed))
+            .peak_rss(mib(get_hwm))
+            .notes(format!(
+                "{label} streamed GET /v1/files; peak RSS since start"
+            )),
+    ])
+}
