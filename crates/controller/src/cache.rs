@@ -12,16 +12,17 @@ use agent_sandbox_api::{SandboxClaim, SandboxTemplate, SandboxWarmPool, labels};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Pod, PodSpec, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::runtime::reflector::store::Writer;
-use kube::runtime::reflector::{ReflectHandle, Store};
+use kube::runtime::reflector::Store;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use tokio::task::JoinSet;
 
-/// How many changes a slow subscriber may lag behind before the watch waits for it.
-const SUBSCRIBER_BUFFER: usize = 4096;
+/// How many changes a slow consumer may lag behind before the watch waits for it.
+const CONSUMER_BUFFER: usize = 4096;
 
+/// A stream of changed objects (applied or deleted) of one kind, for one controller.
+pub type Changes<K> = futures::stream::BoxStream<'static, Result<K, watcher::Error>>;
 /// Read handles to every cache.
 #[derive(Clone)]
 pub struct Caches {
@@ -68,32 +69,35 @@ impl Caches {
 }
 
 /// The change streams the controllers consume.
-#[allow(missing_debug_implementations)] // ReflectHandle is not Debug.
+#[allow(missing_debug_implementations)] // Boxed streams are not Debug.
 pub struct Subscriptions {
     /// For the Sandbox controller.
-    pub sandboxes_for_sandbox: ReflectHandle<Sandbox>,
+    pub sandboxes_for_sandbox: Changes<Sandbox>,
     /// For the warm-pool controller (its members).
-    pub sandboxes_for_pool: ReflectHandle<Sandbox>,
+    pub sandboxes_for_pool: Changes<Sandbox>,
     /// For the claim controller (adopted sandboxes and pool members).
-    pub sandboxes_for_claim: ReflectHandle<Sandbox>,
+    pub sandboxes_for_claim: Changes<Sandbox>,
     /// For the Sandbox controller.
-    pub pods: ReflectHandle<Pod>,
+    pub pods: Changes<Pod>,
     /// For the Sandbox controller.
-    pub services: ReflectHandle<Service>,
+    pub services: Changes<Service>,
     /// For the claim controller.
-    pub claims: ReflectHandle<SandboxClaim>,
+    pub claims: Changes<SandboxClaim>,
+    /// For the warm-pool controller: a member that a claim adopts stops naming the pool, so the
+    /// claim's own change is what tells the pool to refill.
+    pub claims_for_pool: Changes<SandboxClaim>,
     /// For the warm-pool controller.
-    pub pools_for_pool: ReflectHandle<SandboxWarmPool>,
+    pub pools_for_pool: Changes<SandboxWarmPool>,
     /// For the claim controller.
-    pub pools_for_claim: ReflectHandle<SandboxWarmPool>,
+    pub pools_for_claim: Changes<SandboxWarmPool>,
     /// For the template controller.
-    pub templates_for_template: ReflectHandle<SandboxTemplate>,
+    pub templates_for_template: Changes<SandboxTemplate>,
     /// For the warm-pool controller.
-    pub templates_for_pool: ReflectHandle<SandboxTemplate>,
+    pub templates_for_pool: Changes<SandboxTemplate>,
     /// For the claim controller.
-    pub templates_for_claim: ReflectHandle<SandboxTemplate>,
+    pub templates_for_claim: Changes<SandboxTemplate>,
     /// For the template controller.
-    pub policies: ReflectHandle<NetworkPolicy>,
+    pub policies: Changes<NetworkPolicy>,
 }
 
 fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
@@ -106,30 +110,63 @@ where
     }
 }
 
-/// Starts the watch of one kind into `writer`, as a task of `tasks`.
-fn spawn_watch<K>(
+/// Starts the watch of one kind as a task of `tasks`: every event updates the store first, then
+/// each applied or deleted object goes to each of `consumers`.
+///
+/// (kube-runtime's shared-store subscriptions hand out object references and look them up in
+/// the store; a reference to an object deleted before the lookup stalls that subscription for
+/// good. Sending the objects themselves avoids that.)
+fn spawn_watch<K, const N: usize>(
     tasks: &mut JoinSet<()>,
     api: Api<K>,
     config: watcher::Config,
-    writer: Writer<K>,
     strip: fn(&mut K),
-) where
+) -> (Store<K>, [Changes<K>; N])
+where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     let kind = K::kind(&()).into_owned();
-    tasks.spawn(async move {
-        watcher(api, config)
-            .default_backoff()
-            .modify(strip)
-            .reflect_shared(writer)
-            .for_each(|event| {
-                if let Err(error) = event {
-                    tracing::warn!(%kind, %error, "watch failed; retrying with backoff");
-                }
-                futures::future::ready(())
-            })
-            .await;
+    let (reader, writer) = kube::runtime::reflector::store::<K>();
+    let mut senders = Vec::with_capacity(N);
+    let receivers: [Changes<K>; N] = std::array::from_fn(|_| {
+        let (sender, receiver) = tokio::sync::mpsc::channel::<K>(CONSUMER_BUFFER);
+        senders.push(sender);
+        futures::stream::unfold(receiver, |mut receiver| async move {
+            receiver.recv().await.map(|object| (Ok(object), receiver))
+        })
+        .boxed()
     });
+    tasks.spawn(async move {
+        let mut events = std::pin::pin!(
+            watcher(api, config)
+                .default_backoff()
+                .modify(strip)
+                .reflect(writer)
+        );
+        while let Some(event) = events.next().await {
+            let objects = match event {
+                Ok(
+                    watcher::Event::Apply(object)
+                    | watcher::Event::InitApply(object)
+                    | watcher::Event::Delete(object),
+                ) => {
+                    vec![object]
+                }
+                Ok(watcher::Event::Init | watcher::Event::InitDone) => continue,
+                Err(error) => {
+                    tracing::warn!(%kind, %error, "watch failed; retrying with backoff");
+                    continue;
+                }
+            };
+            for object in objects {
+                for sender in &senders {
+                    // A closed receiver means its controller stopped (shutdown).
+                    let _ = sender.send(object.clone()).await;
+                }
+            }
+        }
+    });
+    (reader, receivers)
 }
 
 fn strip_managed_fields<K: Resource>(object: &mut K) {
@@ -146,20 +183,7 @@ fn strip_pod(pod: &mut Pod) {
     });
 }
 
-macro_rules! shared {
-    ($kind:ty, $n:literal) => {{
-        let (reader, writer) = kube::runtime::reflector::store_shared::<$kind>(SUBSCRIBER_BUFFER);
-        let handles: [ReflectHandle<$kind>; $n] = std::array::from_fn(|_| {
-            writer
-                .subscribe()
-                .expect("a shared store always has a dispatcher")
-        });
-        (reader, writer, handles)
-    }};
-}
-
 /// Starts every watch, returning the read handles and the subscriptions.
-#[allow(clippy::expect_used)] // `subscribe` on a store made by `store_shared` cannot fail.
 pub fn start(
     client: &Client,
     namespace: Option<&str>,
@@ -168,60 +192,46 @@ pub fn start(
     let labelled = watcher::Config::default().labels(labels::SANDBOX_NAME_HASH);
     let all = watcher::Config::default();
 
-    let (sandboxes, sandbox_writer, [sb1, sb2, sb3]) = shared!(Sandbox, 3);
-    spawn_watch(
+    let (sandboxes, [sb1, sb2, sb3]) = spawn_watch(
         tasks,
         api::<Sandbox>(client, namespace),
         all.clone(),
-        sandbox_writer,
         strip_managed_fields,
     );
-    let (pods, pod_writer, [pods_sub]) = shared!(Pod, 1);
-    spawn_watch(
+    let (pods, [pods_sub]) = spawn_watch(
         tasks,
         api::<Pod>(client, namespace),
         labelled.clone(),
-        pod_writer,
         strip_pod,
     );
-    let (services, service_writer, [services_sub]) = shared!(Service, 1);
-    spawn_watch(
+    let (services, [services_sub]) = spawn_watch(
         tasks,
         api::<Service>(client, namespace),
         labelled,
-        service_writer,
         strip_managed_fields,
     );
-    let (claims, claim_writer, [claims_sub]) = shared!(SandboxClaim, 1);
-    spawn_watch(
+    let (claims, [claims_sub, claims_for_pool]) = spawn_watch(
         tasks,
         api::<SandboxClaim>(client, namespace),
         all.clone(),
-        claim_writer,
         strip_managed_fields,
     );
-    let (pools, pool_writer, [pool1, pool2]) = shared!(SandboxWarmPool, 2);
-    spawn_watch(
+    let (pools, [pool1, pool2]) = spawn_watch(
         tasks,
         api::<SandboxWarmPool>(client, namespace),
         all.clone(),
-        pool_writer,
         strip_managed_fields,
     );
-    let (templates, template_writer, [t1, t2, t3]) = shared!(SandboxTemplate, 3);
-    spawn_watch(
+    let (templates, [t1, t2, t3]) = spawn_watch(
         tasks,
         api::<SandboxTemplate>(client, namespace),
         all.clone(),
-        template_writer,
         strip_managed_fields,
     );
-    let (policies, policy_writer, [policies_sub]) = shared!(NetworkPolicy, 1);
-    spawn_watch(
+    let (policies, [policies_sub]) = spawn_watch(
         tasks,
         api::<NetworkPolicy>(client, namespace),
         all,
-        policy_writer,
         strip_managed_fields,
     );
 
@@ -242,6 +252,7 @@ pub fn start(
             pods: pods_sub,
             services: services_sub,
             claims: claims_sub,
+            claims_for_pool,
             pools_for_pool: pool1,
             pools_for_claim: pool2,
             templates_for_template: t1,

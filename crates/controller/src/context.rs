@@ -36,6 +36,8 @@ pub struct Context {
     reservations: Mutex<HashMap<String, Instant>>,
     /// When each claim (by UID) was first seen, for the startup-latency metric.
     claims_seen: Mutex<HashMap<String, Instant>>,
+    /// Statuses written recently (by object UID) that the cache may not show yet.
+    written: Mutex<HashMap<String, (serde_json::Value, Instant)>>,
 }
 
 impl std::fmt::Debug for Context {
@@ -69,6 +71,7 @@ impl Context {
             pool_expectations: Mutex::default(),
             reservations: Mutex::default(),
             claims_seen: Mutex::default(),
+            written: Mutex::default(),
         }
     }
 
@@ -161,6 +164,37 @@ impl Context {
         *lock(&self.claims_seen)
             .entry(uid.to_owned())
             .or_insert_with(Instant::now)
+    }
+
+    /// The freshest known status of the object with `uid`: the one this controller wrote last, while
+    /// the cache (`cached`) does not show it yet; otherwise the cached one.
+    ///
+    /// Without this, a pass that runs on a stale cache recomputes the status from the old one and
+    /// writes it again (with new transition times), costing an API write per stale pass.
+    pub fn freshest_status<S>(&self, uid: &str, cached: Option<&S>) -> Option<S>
+    where
+        S: Clone + serde::Serialize + serde::de::DeserializeOwned,
+    {
+        let mut map = lock(&self.written);
+        map.retain(|_, (_, at)| at.elapsed() < EXPECTATION_TTL);
+        let Some((written, _)) = map.get(uid) else {
+            return cached.cloned();
+        };
+        let cached_json = cached.and_then(|status| serde_json::to_value(status).ok());
+        if cached_json.as_ref() == Some(written) {
+            map.remove(uid);
+            return cached.cloned();
+        }
+        serde_json::from_value(written.clone())
+            .ok()
+            .or_else(|| cached.cloned())
+    }
+
+    /// Remembers a status this controller wrote for the object with `uid`.
+    pub fn remember_status<S: serde::Serialize>(&self, uid: &str, status: &S) {
+        if let Ok(value) = serde_json::to_value(status) {
+            lock(&self.written).insert(uid.to_owned(), (value, Instant::now()));
+        }
     }
 
     /// Forgets a claim (deleted, or its latency recorded).

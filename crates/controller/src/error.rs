@@ -59,6 +59,16 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// A reconcile pass did not finish in time (a hung API call); it is retried.
+    #[error("{controller} reconcile of {object} did not finish within {after:?}")]
+    Timeout {
+        /// Which reconciler.
+        controller: &'static str,
+        /// `namespace/name`.
+        object: String,
+        /// The limit.
+        after: std::time::Duration,
+    },
     /// An object could not be encoded to JSON.
     #[error("failed to encode {what}: {source}")]
     Encode {
@@ -85,6 +95,7 @@ impl Error {
             Error::Listen { .. } => "listen",
             Error::LeadershipLost { .. } => "leadership",
             Error::Encode { .. } => "encode",
+            Error::Timeout { .. } => "timeout",
         }
     }
 }

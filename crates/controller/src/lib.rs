@@ -67,6 +67,39 @@ fn error_policy<K: Resource>(
     }
 }
 
+/// How long one reconcile may take before it is abandoned (and retried): a hung API call must
+/// never wedge an object.
+const RECONCILE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Wraps a reconciler with [`RECONCILE_TIMEOUT`] and a debug line per outcome.
+fn bounded<K, F, Fut>(
+    controller: &'static str,
+    reconcile: F,
+) -> impl FnMut(Arc<K>, Arc<Context>) -> futures::future::BoxFuture<'static, Result<Action>>
+where
+    K: Resource + Send + Sync + 'static,
+    F: Fn(Arc<K>, Arc<Context>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Action>> + Send + 'static,
+{
+    move |object, ctx| {
+        let key = context::key(object.as_ref());
+        let pass = reconcile(object, ctx);
+        async move {
+            let outcome = match tokio::time::timeout(RECONCILE_TIMEOUT, pass).await {
+                Ok(outcome) => outcome,
+                Err(_) => Err(Error::Timeout {
+                    controller,
+                    object: key.clone(),
+                    after: RECONCILE_TIMEOUT,
+                }),
+            };
+            tracing::debug!(%controller, object = %key, ok = outcome.is_ok(), "reconciled");
+            outcome
+        }
+        .boxed()
+    }
+}
+
 /// Logs what a controller stream reports besides successful reconciles (queue and watch errors).
 fn quiet<K, E: std::fmt::Display>(result: std::result::Result<(ObjectRef<K>, Action), E>)
 where
@@ -144,55 +177,60 @@ pub async fn run(
         stream.for_each(|()| futures::future::ready(()))
     };
 
-    let sandboxes =
-        Controller::for_shared_stream(subs.sandboxes_for_sandbox, caches.sandboxes.clone())
-            .owns_shared_stream(subs.pods)
-            .owns_shared_stream(subs.services)
-            .with_config(controller::Config::default().concurrency(sandbox_workers))
-            .graceful_shutdown_on(shutdown.clone())
-            .run(
-                reconcile::sandbox::reconcile,
-                error_policy::<Sandbox>("sandbox"),
-                ctx.clone(),
-            )
-            .map(quiet)
-            .boxed();
+    let sandboxes = Controller::for_stream(subs.sandboxes_for_sandbox, caches.sandboxes.clone())
+        .owns_stream(subs.pods)
+        .owns_stream(subs.services)
+        .with_config(controller::Config::default().concurrency(sandbox_workers))
+        .graceful_shutdown_on(shutdown.clone())
+        .run(
+            bounded("sandbox", reconcile::sandbox::reconcile),
+            error_policy::<Sandbox>("sandbox"),
+            ctx.clone(),
+        )
+        .map(quiet)
+        .boxed();
 
-    let templates =
-        Controller::for_shared_stream(subs.templates_for_template, caches.templates.clone())
-            .owns_shared_stream(subs.policies)
-            .with_config(controller::Config::default().concurrency(2))
-            .graceful_shutdown_on(shutdown.clone())
-            .run(
-                reconcile::template::reconcile,
-                error_policy::<SandboxTemplate>("template"),
-                ctx.clone(),
-            )
-            .map(quiet)
-            .boxed();
+    let templates = Controller::for_stream(subs.templates_for_template, caches.templates.clone())
+        .owns_stream(subs.policies)
+        .with_config(controller::Config::default().concurrency(2))
+        .graceful_shutdown_on(shutdown.clone())
+        .run(
+            bounded("template", reconcile::template::reconcile),
+            error_policy::<SandboxTemplate>("template"),
+            ctx.clone(),
+        )
+        .map(quiet)
+        .boxed();
 
     let pools_by_template = caches.pools.clone();
-    let pools = Controller::for_shared_stream(subs.pools_for_pool, caches.pools.clone())
-        .owns_shared_stream(subs.sandboxes_for_pool)
-        .watches_shared_stream(
-            subs.templates_for_pool,
-            move |template: Arc<SandboxTemplate>| {
-                let namespace = template.namespace();
-                let name = template.name_any();
-                pools_by_template
-                    .state()
-                    .into_iter()
-                    .filter(|pool| {
-                        pool.namespace() == namespace && pool.spec.sandbox_template_ref.name == name
-                    })
-                    .map(|pool| ObjectRef::from_obj(pool.as_ref()))
-                    .collect::<Vec<_>>()
-            },
-        )
+    let claims_for_members = caches.claims.clone();
+    let pools = Controller::for_stream(subs.pools_for_pool, caches.pools.clone())
+        .watches_stream(subs.sandboxes_for_pool, move |sandbox: Sandbox| {
+            reconcile::pools_for_sandbox(&claims_for_members, &sandbox)
+        })
+        .watches_stream(subs.templates_for_pool, move |template: SandboxTemplate| {
+            let namespace = template.namespace();
+            let name = template.name_any();
+            pools_by_template
+                .state()
+                .into_iter()
+                .filter(|pool| {
+                    pool.namespace() == namespace && pool.spec.sandbox_template_ref.name == name
+                })
+                .map(|pool| ObjectRef::from_obj(pool.as_ref()))
+                .collect::<Vec<_>>()
+        })
+        .watches_stream(subs.claims_for_pool, |claim: SandboxClaim| {
+            let mut pool = ObjectRef::<SandboxWarmPool>::new(&claim.spec.warm_pool_ref.name);
+            if let Some(namespace) = claim.namespace() {
+                pool = pool.within(&namespace);
+            }
+            Some(pool)
+        })
         .with_config(controller::Config::default().concurrency(pool_workers))
         .graceful_shutdown_on(shutdown.clone())
         .run(
-            reconcile::warm_pool::reconcile,
+            bounded("warmpool", reconcile::warm_pool::reconcile),
             error_policy::<SandboxWarmPool>("warmpool"),
             ctx.clone(),
         )
@@ -203,11 +241,11 @@ pub async fn run(
     let claims_for_pools = caches.claims.clone();
     let claims_for_templates = caches.claims.clone();
     let pools_for_templates = caches.pools.clone();
-    let claims = Controller::for_shared_stream(subs.claims, caches.claims.clone())
-        .watches_shared_stream(subs.sandboxes_for_claim, move |sandbox: Arc<Sandbox>| {
+    let claims = Controller::for_stream(subs.claims, caches.claims.clone())
+        .watches_stream(subs.sandboxes_for_claim, move |sandbox: Sandbox| {
             reconcile::claims_for_sandbox(&claims_for_sandboxes, &sandbox)
         })
-        .watches_shared_stream(subs.pools_for_claim, move |pool: Arc<SandboxWarmPool>| {
+        .watches_stream(subs.pools_for_claim, move |pool: SandboxWarmPool| {
             let namespace = pool.namespace();
             let name = pool.name_any();
             claims_for_pools
@@ -219,9 +257,9 @@ pub async fn run(
                 .map(|claim| ObjectRef::from_obj(claim.as_ref()))
                 .collect::<Vec<_>>()
         })
-        .watches_shared_stream(
+        .watches_stream(
             subs.templates_for_claim,
-            move |template: Arc<SandboxTemplate>| {
+            move |template: SandboxTemplate| {
                 let namespace = template.namespace();
                 let name = template.name_any();
                 let pools: Vec<String> = pools_for_templates
@@ -252,7 +290,7 @@ pub async fn run(
         .with_config(controller::Config::default().concurrency(claim_workers))
         .graceful_shutdown_on(shutdown.clone())
         .run(
-            reconcile::claim::reconcile,
+            bounded("claim", reconcile::claim::reconcile),
             error_policy::<SandboxClaim>("claim"),
             ctx.clone(),
         )

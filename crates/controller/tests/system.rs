@@ -12,19 +12,20 @@ use std::time::Duration;
 use agent_sandbox_api::claim::{ClaimLifecycle, ClaimShutdownPolicy, EnvVar, SandboxWarmPoolRef};
 use agent_sandbox_api::conditions::{claim as claim_cond, sandbox as sandbox_cond};
 use agent_sandbox_api::sandbox::{
-    EmbeddedObjectMetadata, OperatingMode, PersistentVolumeClaimTemplate, PodTemplate, SandboxBlueprint,
-    ShutdownPolicy,
+    EmbeddedObjectMetadata, OperatingMode, PersistentVolumeClaimTemplate, PodTemplate,
+    SandboxBlueprint, ShutdownPolicy,
 };
 use agent_sandbox_api::template::EnvVarsInjectionPolicy;
 use agent_sandbox_api::warm_pool::SandboxTemplateRef;
 use agent_sandbox_api::{
-    Sandbox, SandboxClaim, SandboxClaimSpec, SandboxSpec, SandboxTemplate, SandboxTemplateSpec, SandboxWarmPool,
-    SandboxWarmPoolSpec, labels, name_hash,
+    Sandbox, SandboxClaim, SandboxClaimSpec, SandboxSpec, SandboxTemplate, SandboxTemplateSpec,
+    SandboxWarmPool, SandboxWarmPoolSpec, labels, name_hash,
 };
 use agent_sandbox_controller::Config;
 use agent_sandbox_sim::{Program, Sim, SimConfig, runtime_entry, test_support::workspace_binary};
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, PersistentVolumeClaim, PersistentVolumeClaimSpec, Pod, PodSpec, VolumeResourceRequirements,
+    Container, ContainerPort, PersistentVolumeClaim, PersistentVolumeClaimSpec, Pod, PodSpec,
+    VolumeResourceRequirements,
 };
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -58,13 +59,31 @@ impl Harness {
     }
 
     async fn start_with(config: Config) -> Self {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                    tracing_subscriber::EnvFilter::new(
+                        "agent_sandbox_controller=debug,kube_runtime=debug",
+                    )
+                }),
+            )
+            .with_test_writer()
+            .try_init();
         let runtime = workspace_binary("agent-sandbox-runtime", "sandbox-runtime").unwrap();
-        let sim = Sim::start(SimConfig::default().image(runtime_entry("*runtime*", Program::Path(runtime))))
-            .await
-            .unwrap();
+        let sim = Sim::start(
+            SimConfig::default().image(runtime_entry("*runtime*", Program::Path(runtime))),
+        )
+        .await
+        .unwrap();
         sim.apply_crds().unwrap();
         let client = sim.client().unwrap();
-        let mut harness = Self { sim, client, controller: None, stop: None, config };
+        let mut harness = Self {
+            sim,
+            client,
+            controller: None,
+            stop: None,
+            config,
+        };
         harness.start_controller();
         harness
     }
@@ -93,11 +112,59 @@ impl Harness {
         self.stop = None;
     }
 
+    /// A guard that prints sandboxes, pods and pod logs if the test panics.
+    fn dump_on_panic(&self) -> DumpOnPanic {
+        let sandboxes: Api<Sandbox> = self.api();
+        let pods: Api<Pod> = self.api();
+        DumpOnPanic(Some(Box::pin(async move {
+            for s in sandboxes.list(&Default::default()).await.unwrap().items {
+                eprintln!(
+                    "sandbox {} owner={:?} status={:?}",
+                    s.name_any(),
+                    s.metadata.owner_references.map(|o| o[0].kind.clone()),
+                    s.status.map(|st| st
+                        .conditions
+                        .iter()
+                        .map(|c| format!("{}={}/{}: {}", c.type_, c.status, c.reason, c.message))
+                        .collect::<Vec<_>>())
+                );
+            }
+            for p in pods.list(&Default::default()).await.unwrap().items {
+                let name = p.name_any();
+                eprintln!(
+                    "pod {name} uid={:?} deleting={} status={:#?}",
+                    p.metadata.uid,
+                    p.metadata.deletion_timestamp.is_some(),
+                    p.status
+                );
+                if let Ok(log) = pods.logs(&name, &Default::default()).await {
+                    eprintln!("pod {name} log:\n{log}");
+                }
+            }
+        })))
+    }
+
     fn api<K>(&self) -> Api<K>
     where
         K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
     {
         Api::namespaced(self.client.clone(), NS)
+    }
+}
+
+/// Prints cluster state when a wait fails, to tell a slow cluster from a stuck controller.
+struct DumpOnPanic(Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>>);
+
+impl Drop for DumpOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking()
+            && let Some(dump) = self.0.take()
+        {
+            let handle = tokio::runtime::Handle::current();
+            std::thread::scope(|scope| {
+                scope.spawn(|| handle.block_on(dump));
+            });
+        }
     }
 }
 
@@ -136,7 +203,10 @@ fn runtime_pod_spec() -> PodSpec {
         containers: vec![Container {
             name: "runtime".into(),
             image: Some("registry.example.com/python-runtime:latest".into()),
-            ports: Some(vec![ContainerPort { container_port: 8888, ..ContainerPort::default() }]),
+            ports: Some(vec![ContainerPort {
+                container_port: 8888,
+                ..ContainerPort::default()
+            }]),
             ..Container::default()
         }],
         ..PodSpec::default()
@@ -148,7 +218,10 @@ fn template(name: &str) -> SandboxTemplate {
         name,
         SandboxTemplateSpec {
             blueprint: SandboxBlueprint {
-                pod_template: PodTemplate { spec: runtime_pod_spec(), ..PodTemplate::default() },
+                pod_template: PodTemplate {
+                    spec: runtime_pod_spec(),
+                    ..PodTemplate::default()
+                },
                 ..SandboxBlueprint::default()
             },
             ..SandboxTemplateSpec::default()
@@ -161,7 +234,9 @@ fn pool(name: &str, template: &str, replicas: i32) -> SandboxWarmPool {
         name,
         SandboxWarmPoolSpec {
             replicas,
-            sandbox_template_ref: SandboxTemplateRef { name: template.into() },
+            sandbox_template_ref: SandboxTemplateRef {
+                name: template.into(),
+            },
             update_strategy: None,
         },
     )
@@ -170,9 +245,15 @@ fn pool(name: &str, template: &str, replicas: i32) -> SandboxWarmPool {
 fn claim(name: &str, pool: &str) -> SandboxClaim {
     let mut claim = SandboxClaim::new(
         name,
-        SandboxClaimSpec { warm_pool_ref: SandboxWarmPoolRef { name: pool.into() }, ..SandboxClaimSpec::default() },
+        SandboxClaimSpec {
+            warm_pool_ref: SandboxWarmPoolRef { name: pool.into() },
+            ..SandboxClaimSpec::default()
+        },
     );
-    claim.metadata.labels = Some(BTreeMap::from([(labels::CREATED_BY.into(), labels::CREATED_BY_RUST_CLIENT.into())]));
+    claim.metadata.labels = Some(BTreeMap::from([(
+        labels::CREATED_BY.into(),
+        labels::CREATED_BY_RUST_CLIENT.into(),
+    )]));
     claim
 }
 
@@ -181,7 +262,10 @@ fn sandbox(name: &str) -> Sandbox {
         name,
         SandboxSpec {
             blueprint: SandboxBlueprint {
-                pod_template: PodTemplate { spec: runtime_pod_spec(), ..PodTemplate::default() },
+                pod_template: PodTemplate {
+                    spec: runtime_pod_spec(),
+                    ..PodTemplate::default()
+                },
                 ..SandboxBlueprint::default()
             },
             ..SandboxSpec::default()
@@ -189,16 +273,28 @@ fn sandbox(name: &str) -> Sandbox {
     )
 }
 
-fn condition_is(conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition], type_: &str, status: &str, reason: &str) -> bool {
-    conditions.iter().any(|c| c.type_ == type_ && c.status == status && (reason.is_empty() || c.reason == reason))
+fn condition_is(
+    conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    type_: &str,
+    status: &str,
+    reason: &str,
+) -> bool {
+    conditions.iter().any(|c| {
+        c.type_ == type_ && c.status == status && (reason.is_empty() || c.reason == reason)
+    })
 }
 
 fn claim_ready(claim: &SandboxClaim) -> bool {
-    claim.status.as_ref().is_some_and(|s| !s.sandbox.name.is_empty() && condition_is(&s.conditions, claim_cond::READY, "True", ""))
+    claim.status.as_ref().is_some_and(|s| {
+        !s.sandbox.name.is_empty() && condition_is(&s.conditions, claim_cond::READY, "True", "")
+    })
 }
 
 fn sandbox_ready(sandbox: &Sandbox) -> bool {
-    sandbox.status.as_ref().is_some_and(|s| condition_is(&s.conditions, sandbox_cond::READY, "True", ""))
+    sandbox
+        .status
+        .as_ref()
+        .is_some_and(|s| condition_is(&s.conditions, sandbox_cond::READY, "True", ""))
 }
 
 async fn create<K>(api: &Api<K>, object: &K) -> K
@@ -210,9 +306,16 @@ where
 
 async fn ready_pool(h: &Harness, name: &str, replicas: i32) -> SandboxWarmPool {
     let pools: Api<SandboxWarmPool> = h.api();
-    wait_for(&format!("pool {name} to have {replicas} ready members"), || get(&pools, name), |p: &SandboxWarmPool| {
-        p.status.as_ref().is_some_and(|s| s.ready_replicas == replicas && s.replicas == replicas)
-    })
+    let _dump = h.dump_on_panic();
+    wait_for(
+        &format!("pool {name} to have {replicas} ready members"),
+        || get(&pools, name),
+        |p: &SandboxWarmPool| {
+            p.status
+                .as_ref()
+                .is_some_and(|s| s.ready_replicas == replicas && s.replicas == replicas)
+        },
+    )
     .await
 }
 
@@ -237,7 +340,10 @@ async fn http_post(url: &str, body: &str) -> String {
     let mut response = String::new();
     stream.read_to_string(&mut response).await.unwrap();
     let (head, body) = response.split_once("\r\n\r\n").unwrap();
-    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
         decode_chunked(body)
     } else {
         body.to_owned()
@@ -279,29 +385,85 @@ async fn a_pool_fills_and_a_claim_adopts_a_running_member_then_the_pool_refills(
 
     let claims: Api<SandboxClaim> = h.api();
     create(&claims, &claim("claim-a", "pool")).await;
-    let ready = wait_for("claim-a to be Ready", || get(&claims, "claim-a"), claim_ready).await;
+    let ready = wait_for(
+        "claim-a to be Ready",
+        || get(&claims, "claim-a"),
+        claim_ready,
+    )
+    .await;
     let name = ready.status.as_ref().unwrap().sandbox.name.clone();
-    assert!(name.starts_with("pool-"), "a warm member keeps its name, got {name}");
-    assert!(pod_uids.contains_key(&name), "{name} was one of the pool's members");
+    assert!(
+        name.starts_with("pool-"),
+        "a warm member keeps its name, got {name}"
+    );
+    assert!(
+        pod_uids.contains_key(&name),
+        "{name} was one of the pool's members"
+    );
 
     let adopted = get(&sandboxes, &name).await.unwrap();
     let owner = &adopted.metadata.owner_references.as_ref().unwrap()[0];
-    assert_eq!((owner.kind.as_str(), owner.name.as_str()), ("SandboxClaim", "claim-a"));
-    assert_eq!(adopted.labels().get(labels::LAUNCH_TYPE).map(String::as_str), Some("warm"));
-    assert_eq!(adopted.labels().get(labels::CLAIM_UID), ready.metadata.uid.as_ref());
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str()),
+        ("SandboxClaim", "claim-a")
+    );
+    assert_eq!(
+        adopted
+            .labels()
+            .get(labels::LAUNCH_TYPE)
+            .map(String::as_str),
+        Some("warm")
+    );
+    assert_eq!(
+        adopted.labels().get(labels::CLAIM_UID),
+        ready.metadata.uid.as_ref()
+    );
     assert!(!adopted.labels().contains_key(labels::WARM_POOL_SANDBOX));
-    assert_eq!(adopted.annotations().get(agent_sandbox_api::annotations::POD_NAME), Some(&name));
+    assert_eq!(
+        adopted
+            .annotations()
+            .get(agent_sandbox_api::annotations::POD_NAME),
+        Some(&name)
+    );
 
     // Same pod, still running: adoption did not restart it.
     let pod = get(&pods, &name).await.unwrap();
     assert_eq!(pod.metadata.uid.as_ref(), pod_uids.get(&name));
     let ip = &ready.status.as_ref().unwrap().sandbox.pod_ips[0];
-    assert_eq!(execute(ip, "echo still-here")["stdout"], "still-here\n");
+    assert_eq!(
+        execute(ip, "echo still-here").await["stdout"],
+        "still-here\n"
+    );
 
     // The pool refills to three unclaimed members.
-    ready_pool(&h, "pool", 3).await;
-    let all = sandboxes.list(&Default::default()).await.unwrap().items;
-    assert_eq!(all.len(), 4);
+    wait_for(
+        "a fourth sandbox",
+        || async {
+            Some(
+                sandboxes
+                    .list(&Default::default())
+                    .await
+                    .unwrap()
+                    .items
+                    .len(),
+            )
+        },
+        |n| *n == 4,
+    )
+    .await;
+    let pools: Api<SandboxWarmPool> = h.api();
+    wait_for(
+        "the pool to have 3 ready members again",
+        || get(&pools, "pool"),
+        |p: &SandboxWarmPool| {
+            p.status
+                .as_ref()
+                .is_some_and(|s| s.ready_replicas == 3 && s.replicas == 3)
+        },
+    )
+    .await;
+    let members = sandboxes.list(&Default::default()).await.unwrap().items;
+    assert_eq!(members.iter().filter(|s| sandbox_ready(s)).count(), 4);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -313,28 +475,64 @@ async fn a_warm_claim_costs_four_writes() {
     // Without its template the pool cannot refill, so the writes below are the claim's alone
     // (plus the pool's own status, counted separately).
     let templates: Api<SandboxTemplate> = h.api();
-    templates.delete("python", &DeleteParams::default()).await.unwrap();
+    templates
+        .delete("python", &DeleteParams::default())
+        .await
+        .unwrap();
     let policies: Api<NetworkPolicy> = h.api();
-    wait_for("the template's policy to be collected", || async { Some(get(&policies, "python-network-policy").await.is_none()) }, |gone| *gone).await;
+    wait_for(
+        "the template's policy to be collected",
+        || async { Some(get(&policies, "python-network-policy").await.is_none()) },
+        |gone| *gone,
+    )
+    .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     let before = h.sim.request_counts();
     let claims: Api<SandboxClaim> = h.api();
     create(&claims, &claim("claim-a", "pool")).await;
-    wait_for("claim-a to be Ready", || get(&claims, "claim-a"), claim_ready).await;
+    wait_for(
+        "claim-a to be Ready",
+        || get(&claims, "claim-a"),
+        claim_ready,
+    )
+    .await;
     // Let every follow-up reconcile run; a status write when nothing changed would show here.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let during = h.sim.request_counts().since(&before);
 
-    let pool_writes = during.get("patch", "extensions.agents.x-k8s.io", "sandboxwarmpools/status");
+    let pool_writes = during.get(
+        "apply",
+        "extensions.agents.x-k8s.io",
+        "sandboxwarmpools/status",
+    );
     let writes = during.writes() - pool_writes;
-    println!("API writes for one warm claim: {writes} (+ {pool_writes} pool status); breakdown: {during:?}");
-    assert_eq!(writes, 4, "claim create, adoption patch, claim status, SandboxAdopted event: {during:?}");
-    assert_eq!(during.get("create", "extensions.agents.x-k8s.io", "sandboxclaims"), 1);
+    println!(
+        "API writes for one warm claim: {writes} (+ {pool_writes} pool status); breakdown: {during:?}"
+    );
+    assert_eq!(
+        writes, 4,
+        "claim create, adoption patch, claim status, SandboxAdopted event: {during:?}"
+    );
+    assert_eq!(
+        during.get("create", "extensions.agents.x-k8s.io", "sandboxclaims"),
+        1
+    );
     assert_eq!(during.get("patch", "agents.x-k8s.io", "sandboxes"), 1);
-    assert_eq!(during.get("patch", "extensions.agents.x-k8s.io", "sandboxclaims/status"), 1);
+    assert_eq!(
+        during.get(
+            "apply",
+            "extensions.agents.x-k8s.io",
+            "sandboxclaims/status"
+        ),
+        1
+    );
     assert_eq!(during.get("create", "events.k8s.io", "events"), 1);
-    assert_eq!(during.get("patch", "", "pods"), 0, "the live pod is not touched");
+    assert_eq!(
+        during.get("patch", "", "pods"),
+        0,
+        "the live pod is not touched"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -350,22 +548,56 @@ async fn env_injection_is_cold_when_allowed_and_rejected_when_disallowed() {
 
     let claims: Api<SandboxClaim> = h.api();
     let mut with_env = claim("with-env", "open-pool");
-    with_env.spec.env = vec![EnvVar { name: "TASK_ID".into(), value: "forty-two".into(), container_name: String::new() }];
+    with_env.spec.env = vec![EnvVar {
+        name: "TASK_ID".into(),
+        value: "forty-two".into(),
+        container_name: String::new(),
+    }];
     create(&claims, &with_env).await;
-    let ready = wait_for("with-env to be Ready", || get(&claims, "with-env"), claim_ready).await;
-    assert_eq!(ready.status.as_ref().unwrap().sandbox.name, "with-env", "a cold sandbox is named after its claim");
+    let ready = wait_for(
+        "with-env to be Ready",
+        || get(&claims, "with-env"),
+        claim_ready,
+    )
+    .await;
+    assert_eq!(
+        ready.status.as_ref().unwrap().sandbox.name,
+        "with-env",
+        "a cold sandbox is named after its claim"
+    );
     let sandboxes: Api<Sandbox> = h.api();
     let cold = get(&sandboxes, "with-env").await.unwrap();
-    assert_eq!(cold.labels().get(labels::LAUNCH_TYPE).map(String::as_str), Some("cold"));
+    assert_eq!(
+        cold.labels().get(labels::LAUNCH_TYPE).map(String::as_str),
+        Some("cold")
+    );
     let ip = &ready.status.as_ref().unwrap().sandbox.pod_ips[0];
-    assert_eq!(execute(ip, "printenv TASK_ID")["stdout"], "forty-two\n");
+    assert_eq!(
+        execute(ip, "printenv TASK_ID").await["stdout"],
+        "forty-two\n"
+    );
 
     let mut rejected = claim("rejected", "strict-pool");
-    rejected.spec.env = vec![EnvVar { name: "TASK_ID".into(), value: "1".into(), container_name: String::new() }];
+    rejected.spec.env = vec![EnvVar {
+        name: "TASK_ID".into(),
+        value: "1".into(),
+        container_name: String::new(),
+    }];
     create(&claims, &rejected).await;
-    let failed = wait_for("rejected to fail", || get(&claims, "rejected"), |c: &SandboxClaim| {
-        c.status.as_ref().is_some_and(|s| condition_is(&s.conditions, claim_cond::READY, "False", claim_cond::REASON_ENV_VARS_INJECTION_REJECTED))
-    })
+    let failed = wait_for(
+        "rejected to fail",
+        || get(&claims, "rejected"),
+        |c: &SandboxClaim| {
+            c.status.as_ref().is_some_and(|s| {
+                condition_is(
+                    &s.conditions,
+                    claim_cond::READY,
+                    "False",
+                    claim_cond::REASON_ENV_VARS_INJECTION_REJECTED,
+                )
+            })
+        },
+    )
     .await;
     assert!(failed.status.unwrap().sandbox.name.is_empty());
     assert!(get(&sandboxes, "rejected").await.is_none());
@@ -385,13 +617,37 @@ async fn expiry_deletes_or_retains_and_finds_adopted_sandboxes() {
     kept.spec.lifecycle.shutdown_time = Some(past.clone());
     create(&sandboxes, &doomed).await;
     create(&sandboxes, &kept).await;
-    wait_for("doomed to be deleted", || async { Some(get(&sandboxes, "doomed").await.is_none()) }, |gone| *gone).await;
-    wait_for("kept to expire", || get(&sandboxes, "kept"), |s: &Sandbox| {
-        s.status.as_ref().is_some_and(|st| condition_is(&st.conditions, sandbox_cond::READY, "False", sandbox_cond::REASON_EXPIRED))
-    })
+    wait_for(
+        "doomed to be deleted",
+        || async { Some(get(&sandboxes, "doomed").await.is_none()) },
+        |gone| *gone,
+    )
     .await;
-    wait_for("their pods to be gone", || async { Some(pods.list(&Default::default()).await.unwrap().items.len()) }, |n| *n == 0).await;
-    assert!(get(&sandboxes, "kept").await.is_some(), "Retain keeps the Sandbox");
+    wait_for(
+        "kept to expire",
+        || get(&sandboxes, "kept"),
+        |s: &Sandbox| {
+            s.status.as_ref().is_some_and(|st| {
+                condition_is(
+                    &st.conditions,
+                    sandbox_cond::READY,
+                    "False",
+                    sandbox_cond::REASON_EXPIRED,
+                )
+            })
+        },
+    )
+    .await;
+    wait_for(
+        "their pods to be gone",
+        || async { Some(pods.list(&Default::default()).await.unwrap().items.len()) },
+        |n| *n == 0,
+    )
+    .await;
+    assert!(
+        get(&sandboxes, "kept").await.is_some(),
+        "Retain keeps the Sandbox"
+    );
 
     // A claim that adopted a warm member expires and takes that member (not one named after it).
     create(&h.api(), &template("python")).await;
@@ -402,28 +658,59 @@ async fn expiry_deletes_or_retains_and_finds_adopted_sandboxes() {
     let ready = wait_for("short to be Ready", || get(&claims, "short"), claim_ready).await;
     let adopted = ready.status.as_ref().unwrap().sandbox.name.clone();
     let soon = Time(Timestamp::now() + SignedDuration::from_secs(1));
-    let lifecycle = ClaimLifecycle { shutdown_time: Some(soon), ttl_seconds_after_finished: None, shutdown_policy: ClaimShutdownPolicy::Retain };
+    let lifecycle = ClaimLifecycle {
+        shutdown_time: Some(soon),
+        ttl_seconds_after_finished: None,
+        shutdown_policy: ClaimShutdownPolicy::Retain,
+    };
     claims
-        .patch("short", &PatchParams::default(), &Patch::Merge(&json!({"spec": {"lifecycle": lifecycle}})))
+        .patch(
+            "short",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"lifecycle": lifecycle}})),
+        )
         .await
         .unwrap();
-    wait_for("the adopted sandbox to be deleted", || async { Some(get(&sandboxes, &adopted).await.is_none()) }, |gone| *gone).await;
-    let expired = wait_for("short to be marked expired", || get(&claims, "short"), |c: &SandboxClaim| {
-        c.status.as_ref().is_some_and(|s| condition_is(&s.conditions, claim_cond::READY, "False", claim_cond::REASON_CLAIM_EXPIRED))
-    })
+    wait_for(
+        "the adopted sandbox to be deleted",
+        || async { Some(get(&sandboxes, &adopted).await.is_none()) },
+        |gone| *gone,
+    )
     .await;
-    assert!(expired.metadata.deletion_timestamp.is_none(), "Retain keeps the claim");
+    let expired = wait_for(
+        "short to be marked expired",
+        || get(&claims, "short"),
+        |c: &SandboxClaim| {
+            c.status.as_ref().is_some_and(|s| {
+                condition_is(
+                    &s.conditions,
+                    claim_cond::READY,
+                    "False",
+                    claim_cond::REASON_CLAIM_EXPIRED,
+                )
+            })
+        },
+    )
+    .await;
+    assert!(
+        expired.metadata.deletion_timestamp.is_none(),
+        "Retain keeps the claim"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn suspend_keeps_the_volume_resume_and_deleted_pods_come_back() {
     let h = Harness::start().await;
+    let _dump = h.dump_on_panic();
     let sandboxes: Api<Sandbox> = h.api();
     let pods: Api<Pod> = h.api();
     let pvcs: Api<PersistentVolumeClaim> = h.api();
     let mut with_volume = sandbox("box");
     with_volume.spec.blueprint.volume_claim_templates = vec![PersistentVolumeClaimTemplate {
-        metadata: EmbeddedObjectMetadata { name: "work".into(), ..Default::default() },
+        metadata: EmbeddedObjectMetadata {
+            name: "work".into(),
+            ..Default::default()
+        },
         spec: PersistentVolumeClaimSpec {
             access_modes: Some(vec!["ReadWriteOnce".into()]),
             resources: Some(VolumeResourceRequirements {
@@ -439,28 +726,66 @@ async fn suspend_keeps_the_volume_resume_and_deleted_pods_come_back() {
     let first_pod = get(&pods, "box").await.unwrap();
 
     sandboxes
-        .patch("box", &PatchParams::default(), &Patch::Merge(&json!({"spec": {"operatingMode": "Suspended"}})))
+        .patch(
+            "box",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"operatingMode": "Suspended"}})),
+        )
         .await
         .unwrap();
-    wait_for("box to be suspended", || get(&sandboxes, "box"), |s: &Sandbox| {
-        s.status.as_ref().is_some_and(|st| condition_is(&st.conditions, sandbox_cond::SUSPENDED, "True", sandbox_cond::REASON_POD_TERMINATED))
-    })
+    wait_for(
+        "box to be suspended",
+        || get(&sandboxes, "box"),
+        |s: &Sandbox| {
+            s.status.as_ref().is_some_and(|st| {
+                condition_is(
+                    &st.conditions,
+                    sandbox_cond::SUSPENDED,
+                    "True",
+                    sandbox_cond::REASON_POD_TERMINATED,
+                )
+            })
+        },
+    )
     .await;
     assert!(get(&pods, "box").await.is_none());
-    assert_eq!(get(&pvcs, "work-box").await.unwrap().metadata.uid, pvc.metadata.uid, "the PVC is kept");
+    assert_eq!(
+        get(&pvcs, "work-box").await.unwrap().metadata.uid,
+        pvc.metadata.uid,
+        "the PVC is kept"
+    );
 
     sandboxes
-        .patch("box", &PatchParams::default(), &Patch::Merge(&json!({"spec": {"operatingMode": OperatingMode::Running}})))
+        .patch(
+            "box",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"operatingMode": OperatingMode::Running}})),
+        )
         .await
         .unwrap();
-    let resumed = wait_for("box to be Ready again", || get(&sandboxes, "box"), sandbox_ready).await;
+    let resumed = wait_for(
+        "box to be Ready again",
+        || get(&sandboxes, "box"),
+        sandbox_ready,
+    )
+    .await;
     let second_pod = get(&pods, "box").await.unwrap();
     assert_ne!(second_pod.metadata.uid, first_pod.metadata.uid);
     assert!(resumed.status.unwrap().pod_ips[0].starts_with("127."));
 
     pods.delete("box", &DeleteParams::default()).await.unwrap();
-    wait_for("a new pod", || get(&pods, "box"), |p: &Pod| p.metadata.uid != second_pod.metadata.uid).await;
-    wait_for("box to be Ready after the pod was deleted", || get(&sandboxes, "box"), sandbox_ready).await;
+    wait_for(
+        "a new pod",
+        || get(&pods, "box"),
+        |p: &Pod| p.metadata.uid != second_pod.metadata.uid,
+    )
+    .await;
+    wait_for(
+        "box to be Ready after the pod was deleted",
+        || get(&sandboxes, "box"),
+        sandbox_ready,
+    )
+    .await;
 }
 
 async fn claim_burst(h: &Harness, prefix: &str, count: usize) {
@@ -475,11 +800,16 @@ async fn claim_burst(h: &Harness, prefix: &str, count: usize) {
 
 async fn all_claims_on_distinct_sandboxes(h: &Harness, count: usize) {
     let claims: Api<SandboxClaim> = h.api();
-    let all = wait_for(&format!("{count} Ready claims"), || async { Some(claims.list(&Default::default()).await.unwrap().items) }, |items: &Vec<SandboxClaim>| {
-        items.len() == count && items.iter().all(claim_ready)
-    })
+    let all = wait_for(
+        &format!("{count} Ready claims"),
+        || async { Some(claims.list(&Default::default()).await.unwrap().items) },
+        |items: &Vec<SandboxClaim>| items.len() == count && items.iter().all(claim_ready),
+    )
     .await;
-    let names: BTreeSet<String> = all.iter().map(|c| c.status.as_ref().unwrap().sandbox.name.clone()).collect();
+    let names: BTreeSet<String> = all
+        .iter()
+        .map(|c| c.status.as_ref().unwrap().sandbox.name.clone())
+        .collect();
     assert_eq!(names.len(), count, "every claim has its own sandbox");
     let sandboxes: Api<Sandbox> = h.api();
     for claim in &all {
@@ -487,11 +817,19 @@ async fn all_claims_on_distinct_sandboxes(h: &Harness, count: usize) {
         let sandbox = get(&sandboxes, name).await.unwrap();
         let owners: Vec<_> = sandbox.metadata.owner_references.unwrap_or_default();
         assert_eq!(owners.len(), 1, "{name} has exactly one owner");
-        assert_eq!(owners[0].uid, claim.metadata.uid.clone().unwrap(), "{name} is owned by its claim");
+        assert_eq!(
+            owners[0].uid,
+            claim.metadata.uid.clone().unwrap(),
+            "{name} is owned by its claim"
+        );
     }
     for sandbox in sandboxes.list(&Default::default()).await.unwrap().items {
         assert!(
-            sandbox.metadata.owner_references.as_ref().is_some_and(|o| o.iter().any(|r| r.controller == Some(true))),
+            sandbox
+                .metadata
+                .owner_references
+                .as_ref()
+                .is_some_and(|o| o.iter().any(|r| r.controller == Some(true))),
             "{} has no controller",
             sandbox.name_any()
         );
@@ -524,9 +862,11 @@ async fn a_controller_killed_mid_burst_leaves_every_claim_on_its_own_sandbox() {
         })
     };
     // Kill the controller once a few claims have been served, while the rest are arriving.
-    wait_for("some claims to be served", || async { Some(claims.list(&Default::default()).await.unwrap().items) }, |items: &Vec<SandboxClaim>| {
-        items.iter().filter(|c| claim_ready(c)).count() >= 2
-    })
+    wait_for(
+        "some claims to be served",
+        || async { Some(claims.list(&Default::default()).await.unwrap().items) },
+        |items: &Vec<SandboxClaim>| items.iter().filter(|c| claim_ready(c)).count() >= 2,
+    )
     .await;
     h.kill_controller();
     burst.await.unwrap();
@@ -541,19 +881,44 @@ async fn the_template_policy_has_the_secure_shape_and_follows_the_router_setting
     let h = Harness::start_with(config).await;
     create(&h.api(), &template("python")).await;
     let policies: Api<NetworkPolicy> = h.api();
-    let policy = wait_for("the template's policy", || get(&policies, "python-network-policy"), |_| true).await;
+    let policy = wait_for(
+        "the template's policy",
+        || get(&policies, "python-network-policy"),
+        |_| true,
+    )
+    .await;
     let spec = serde_json::to_value(policy.spec.unwrap()).unwrap();
-    assert_eq!(spec["podSelector"]["matchLabels"][labels::SANDBOX_TEMPLATE_REF_HASH], json!(name_hash("python")));
+    assert_eq!(
+        spec["podSelector"]["matchLabels"][labels::SANDBOX_TEMPLATE_REF_HASH],
+        json!(name_hash("python"))
+    );
     assert_eq!(spec["policyTypes"], json!(["Ingress", "Egress"]));
     let peer = &spec["ingress"][0]["from"][0];
-    assert_eq!(peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"], json!("routers"));
-    assert_eq!(peer["podSelector"]["matchLabels"]["app"], json!("sandbox-router"));
-    let except = spec["egress"][0]["to"][0]["ipBlock"]["except"].as_array().unwrap().clone();
-    for private in ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16"] {
+    assert_eq!(
+        peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+        json!("routers")
+    );
+    assert_eq!(
+        peer["podSelector"]["matchLabels"]["app"],
+        json!("sandbox-router")
+    );
+    let except = spec["egress"][0]["to"][0]["ipBlock"]["except"]
+        .as_array()
+        .unwrap()
+        .clone();
+    for private in [
+        "10.0.0.0/8",
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "169.254.0.0/16",
+    ] {
         assert!(except.contains(&json!(private)), "{private} is denied");
     }
     assert_eq!(spec["egress"][0]["to"][1]["ipBlock"]["cidr"], json!("::/0"));
     let templates: Api<SandboxTemplate> = h.api();
     let stamped = get(&templates, "python").await.unwrap();
-    assert_eq!(stamped.labels().get(labels::SANDBOX_TEMPLATE_REF_HASH), Some(&name_hash("python")));
+    assert_eq!(
+        stamped.labels().get(labels::SANDBOX_TEMPLATE_REF_HASH),
+        Some(&name_hash("python"))
+    );
 }

@@ -38,12 +38,23 @@ const ADOPTION_ATTEMPTS: usize = 3;
 
 /// Reconciles one SandboxClaim.
 pub async fn reconcile(claim: Arc<SandboxClaim>, ctx: Arc<Context>) -> Result<Action> {
+    tracing::debug!(claim = %crate::context::key(claim.as_ref()), rv = ?claim.metadata.resource_version, "reconcile");
     let uid = claim.metadata.uid.clone().unwrap_or_default();
     if claim.metadata.deletion_timestamp.is_some() {
         ctx.forget_claim(&uid);
         return Ok(Action::await_change());
     }
     let first_seen = ctx.claim_first_seen(&uid);
+    // Work from the status this controller wrote last if the cache does not show it yet.
+    let fresh = ctx.freshest_status(&uid, claim.status.as_ref());
+    let claim = if fresh == claim.status {
+        claim
+    } else {
+        Arc::new(SandboxClaim {
+            status: fresh,
+            ..(*claim).clone()
+        })
+    };
     let namespace = claim.namespace().unwrap_or_default();
     let now = now();
 
@@ -456,7 +467,10 @@ async fn write_status(
     });
     let params = PatchParams::apply(agent_sandbox_api::wire::CONTROLLER_FIELD_MANAGER).force();
     match api.patch_status(&name, &params, &Patch::Apply(&body)).await {
-        Ok(_) => Ok(()),
+        Ok(_) => {
+            ctx.remember_status(claim.metadata.uid.as_deref().unwrap_or_default(), &status);
+            Ok(())
+        }
         Err(error) if is_not_found(&error) => Ok(()),
         Err(error) => Err(kube_err("patch status of", KIND, &namespace, &name)(error)),
     }

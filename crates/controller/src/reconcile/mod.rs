@@ -6,7 +6,7 @@ pub mod sandbox;
 pub mod template;
 pub mod warm_pool;
 
-use agent_sandbox_api::{Sandbox, SandboxClaim, labels};
+use agent_sandbox_api::{Sandbox, SandboxClaim, SandboxWarmPool, labels};
 use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 
@@ -44,6 +44,38 @@ pub fn claims_for_sandbox(
                         .is_none_or(|s| s.sandbox.name.is_empty())
                 })
                 .map(|claim| ObjectRef::from_obj(claim.as_ref()))
+                .collect()
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// Pools to look at when `sandbox` changes: the pool that controls it; or, for a sandbox a claim
+/// adopted, the claim's pool, which has to refill (the sandbox no longer names the pool, and the
+/// claim's own change may have been seen before the adoption reached the cache).
+pub fn pools_for_sandbox(
+    claims: &Store<SandboxClaim>,
+    sandbox: &Sandbox,
+) -> Vec<ObjectRef<SandboxWarmPool>> {
+    let namespace = sandbox.namespace();
+    let within = |name: &str| {
+        let reference = ObjectRef::<SandboxWarmPool>::new(name);
+        match &namespace {
+            Some(ns) => reference.within(ns),
+            None => reference,
+        }
+    };
+    match controller_of(&sandbox.metadata) {
+        Some(owner) if owner.kind == "SandboxWarmPool" => vec![within(&owner.name)],
+        Some(owner) if owner.kind == "SandboxClaim" => {
+            let mut claim = ObjectRef::<SandboxClaim>::new(&owner.name);
+            if let Some(ns) = &namespace {
+                claim = claim.within(ns);
+            }
+            claims
+                .get(&claim)
+                .map(|claim| within(&claim.spec.warm_pool_ref.name))
+                .into_iter()
                 .collect()
         }
         _ => Vec::new(),

@@ -23,10 +23,24 @@ const KIND: &str = "Sandbox";
 
 /// Reconciles one Sandbox.
 pub async fn reconcile(sandbox: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action> {
+    tracing::debug!(sandbox = %crate::context::key(sandbox.as_ref()), rv = ?sandbox.metadata.resource_version, "reconcile");
     if sandbox.metadata.deletion_timestamp.is_some() {
         // Children go with it through their ownerReferences.
         return Ok(Action::await_change());
     }
+    // Work from the status this controller wrote last if the cache does not show it yet.
+    let fresh = ctx.freshest_status(
+        sandbox.metadata.uid.as_deref().unwrap_or_default(),
+        sandbox.status.as_ref(),
+    );
+    let sandbox = if fresh == sandbox.status {
+        sandbox
+    } else {
+        Arc::new(Sandbox {
+            status: fresh,
+            ..(*sandbox).clone()
+        })
+    };
     let now = now();
     match decide::expiry(&sandbox, now) {
         Expiry::Expired => expire(&sandbox, &ctx).await,
@@ -504,7 +518,10 @@ pub(crate) async fn write_status(
     });
     let params = PatchParams::apply(agent_sandbox_api::wire::CONTROLLER_FIELD_MANAGER).force();
     match api.patch_status(&name, &params, &Patch::Apply(&body)).await {
-        Ok(_) => Ok(()),
+        Ok(_) => {
+            ctx.remember_status(sandbox.metadata.uid.as_deref().unwrap_or_default(), &status);
+            Ok(())
+        }
         Err(error) if is_not_found(&error) => Ok(()),
         Err(error) => Err(kube_err("patch status of", KIND, &namespace, &name)(error)),
     }

@@ -20,6 +20,7 @@ use crate::error::{Result, is_conflict, is_not_found, kube_err};
 
 /// Reconciles one SandboxWarmPool.
 pub async fn reconcile(pool: Arc<SandboxWarmPool>, ctx: Arc<Context>) -> Result<Action> {
+    tracing::debug!(pool = %crate::context::key(pool.as_ref()), rv = ?pool.metadata.resource_version, "reconcile");
     if pool.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
@@ -142,8 +143,9 @@ pub async fn reconcile(pool: Arc<SandboxWarmPool>, ctx: Arc<Context>) -> Result<
         create_members(&api, &member, plan.create, &pool_key, &ctx).await?;
     }
 
-    // Status, when it changed.
-    if pool.status.as_ref() != Some(&plan.status) {
+    // Status, when it changed (against what this controller wrote last, if the cache lags).
+    let current = ctx.freshest_status(&uid, pool.status.as_ref());
+    if current.as_ref() != Some(&plan.status) {
         let pools: Api<SandboxWarmPool> = Api::namespaced(ctx.client.clone(), &namespace);
         let body = json!({
             "apiVersion": format!("{}/{}", agent_sandbox_api::EXTENSIONS_GROUP, agent_sandbox_api::VERSION),
