@@ -7,6 +7,7 @@
 //! test assertions.
 
 mod api;
+mod controller;
 mod report;
 mod runtime;
 mod stats;
@@ -43,6 +44,7 @@ pub(crate) struct Case {
 fn cases() -> Vec<Case> {
     let mut cases = Vec::new();
     cases.extend(api::cases());
+    cases.extend(controller::cases());
     cases.extend(runtime::cases());
     cases
 }
