@@ -22,7 +22,7 @@ mod error;
 mod events;
 mod gc;
 mod jsonpath;
-pub mod kubelet;
+mod kubelet;
 mod logs;
 mod meta;
 mod metrics;
@@ -45,10 +45,11 @@ use tokio::task::JoinSet;
 
 pub use error::{Error, Result};
 pub use kubelet::images::{DefaultReadiness, ImageEntry, ImageTable, Program, runtime_entry};
-pub use kubelet::process::{Isolation, ProcessTable};
+pub use kubelet::process::{Isolation, bwrap_available};
 pub use metrics::{RequestCounts, RequestKey, WRITE_VERBS};
 pub use status::ApiError;
 
+use crate::kubelet::process::ProcessTable;
 use crate::ops::{Cluster, WriteOptions};
 
 /// Name of the one node pods are bound to.
@@ -90,7 +91,7 @@ impl Default for SimConfig {
             data_dir: None,
             watch_history: 10_000,
             bookmark_interval: Duration::from_secs(5),
-            fast_probe_interval: Duration::from_millis(50),
+            fast_probe_interval: Duration::from_millis(10),
         }
     }
 }

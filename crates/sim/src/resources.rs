@@ -227,7 +227,7 @@ fn builtin(
 /// The built-in resources, in discovery order.
 pub(crate) fn builtins() -> Vec<ResourceInfo> {
     use Builtin as B;
-    vec![
+    let mut list = vec![
         builtin(
             "",
             "v1",
@@ -362,7 +362,14 @@ pub(crate) fn builtins() -> Vec<ResourceInfo> {
             true,
             B::Unstructured,
         ),
-    ]
+    ];
+    // `kubectl get all` lists the kinds in the `all` category.
+    for info in &mut list {
+        if matches!(info.builtin, B::Pod | B::Service) {
+            info.categories = vec!["all".to_owned()];
+        }
+    }
+    list
 }
 
 /// The resources a CRD serves, one per served version.

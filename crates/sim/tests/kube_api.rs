@@ -782,3 +782,35 @@ async fn services_get_cluster_ips_and_endpoint_slices_follow_ready_pods() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn metadata_lists_and_watches_return_partial_objects() {
+    let sim = sim(Isolation::None).await;
+    let api: Api<ConfigMap> = Api::default_namespaced(sim.client().unwrap());
+    let mut cm = config_map("meta", &[("big", "value")]);
+    cm.metadata.labels = Some(BTreeMap::from([("app".into(), "x".into())]));
+    api.create(&PostParams::default(), &cm).await.unwrap();
+    let list = api.list_metadata(&ListParams::default()).await.unwrap();
+    assert_eq!(list.items.len(), 1);
+    assert_eq!(list.items[0].labels()["app"], "x");
+    let metadata: Api<kube::core::PartialObjectMeta<ConfigMap>> =
+        Api::default_namespaced(sim.client().unwrap());
+    let mut events = watcher::watcher(metadata, watcher::Config::default()).boxed();
+    assert!(matches!(
+        events.try_next().await.unwrap(),
+        Some(Event::Init)
+    ));
+    match events.try_next().await.unwrap() {
+        Some(Event::InitApply(meta)) => assert_eq!(meta.name_any(), "meta"),
+        other => panic!("unexpected {other:?}"),
+    }
+    assert!(matches!(
+        events.try_next().await.unwrap(),
+        Some(Event::InitDone)
+    ));
+    api.delete("meta", &DeleteParams::default()).await.unwrap();
+    match events.try_next().await.unwrap() {
+        Some(Event::Delete(meta)) => assert_eq!(meta.name_any(), "meta"),
+        other => panic!("unexpected {other:?}"),
+    }
+}

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
-use agent_sandbox_sim::{Isolation, Sim, SimConfig, runtime_entry};
-use common::{group_alive, http_get, runtime_stand_in};
+use agent_sandbox_sim::{Isolation, Sim, SimConfig};
+use common::{group_alive, http_get, runtime_binary};
 use tokio::io::AsyncWriteExt;
 
 fn workspace_root() -> PathBuf {
@@ -148,15 +148,11 @@ async fn kubectl_applies_the_generated_crds_and_lists_them() {
 #[tokio::test]
 async fn kubectl_runs_waits_for_lists_and_deletes_a_runtime_pod() {
     require_kubectl!();
-    let programs = tempfile::tempdir().unwrap();
-    let program = runtime_stand_in(programs.path());
-    let config = SimConfig::default()
-        .isolation(Isolation::Auto)
-        .image(runtime_entry(
-            "*runtime*",
-            agent_sandbox_sim::Program::Path(program),
-        ));
-    let sim = Sim::start(config).await.unwrap();
+    // Built next to the test binaries, where the default image table finds it.
+    runtime_binary();
+    let sim = Sim::start(SimConfig::default().isolation(Isolation::Auto))
+        .await
+        .unwrap();
     let kubectl = Kubectl::new(&sim);
     let manifest = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: rt\nspec:\n  containers:\n  - name: runtime\n    image: registry.example/agent-sandbox/python-runtime-sandbox:v0.1\n";
     let applied = kubectl
@@ -269,6 +265,11 @@ async fn kubectl_shows_logs_events_and_describes_pods() {
         "{described}"
     );
     assert!(described.contains("Scheduled"), "{described}");
+    // Several kinds at once: kubectl prefixes names with their kind (it finds the name column
+    // by its format).
+    let all = kubectl.ok(&["get", "all"]).await;
+    assert!(all.contains("pod/talker"), "{all}");
+    assert!(all.contains("service/kubernetes"), "{all}");
     // A label change through kubectl's strategic merge patch.
     kubectl.ok(&["label", "pod", "talker", "team=sim"]).await;
     let labels = kubectl

@@ -98,7 +98,7 @@ async fn pods_run_commands_and_follow_restart_policy_without_isolation() {
 
 #[tokio::test]
 async fn pods_run_commands_and_follow_restart_policy_in_bubblewrap() {
-    if !agent_sandbox_sim::kubelet::process::bwrap_available() {
+    if !agent_sandbox_sim::bwrap_available() {
         eprintln!("skipped: bubblewrap (bwrap) is not installed or cannot create namespaces here");
         return;
     }
@@ -107,7 +107,7 @@ async fn pods_run_commands_and_follow_restart_policy_in_bubblewrap() {
 
 #[tokio::test]
 async fn bubblewrap_gives_pods_a_read_only_root_and_a_writable_app_directory() {
-    if !agent_sandbox_sim::kubelet::process::bwrap_available() {
+    if !agent_sandbox_sim::bwrap_available() {
         eprintln!("skipped: bubblewrap (bwrap) is not installed or cannot create namespaces here");
         return;
     }
@@ -212,7 +212,7 @@ async fn deleting_a_pod_stops_its_processes_without_isolation() {
 
 #[tokio::test]
 async fn deleting_a_pod_stops_its_processes_in_bubblewrap() {
-    if !agent_sandbox_sim::kubelet::process::bwrap_available() {
+    if !agent_sandbox_sim::bwrap_available() {
         eprintln!("skipped: bubblewrap (bwrap) is not installed or cannot create namespaces here");
         return;
     }

@@ -4,7 +4,7 @@
 mod common;
 
 use agent_sandbox_sim::{Isolation, Program, Sim, SimConfig, runtime_entry};
-use common::{eventually, runtime_stand_in};
+use common::{eventually, runtime_binary};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use serde_json::json;
@@ -58,13 +58,9 @@ async fn read_response(stream: &mut tokio::io::DuplexStream) -> String {
 
 #[tokio::test]
 async fn port_forward_reaches_the_runtime_in_a_pod() {
-    let programs = tempfile::tempdir().unwrap();
     let config = SimConfig::default()
         .isolation(Isolation::Auto)
-        .image(runtime_entry(
-            "*runtime*",
-            Program::Path(runtime_stand_in(programs.path())),
-        ));
+        .image(runtime_entry("*runtime*", Program::Path(runtime_binary())));
     let sim = Sim::start(config).await.unwrap();
     let pods = ready_runtime_pod(&sim).await;
 
@@ -100,13 +96,9 @@ async fn port_forward_reaches_the_runtime_in_a_pod() {
 
 #[tokio::test]
 async fn port_forward_to_a_closed_port_reports_on_the_error_channel() {
-    let programs = tempfile::tempdir().unwrap();
     let config = SimConfig::default()
         .isolation(Isolation::None)
-        .image(runtime_entry(
-            "*runtime*",
-            Program::Path(runtime_stand_in(programs.path())),
-        ));
+        .image(runtime_entry("*runtime*", Program::Path(runtime_binary())));
     let sim = Sim::start(config).await.unwrap();
     let pods = ready_runtime_pod(&sim).await;
     let mut forwarder = pods.portforward("rt", &[9]).await.unwrap();

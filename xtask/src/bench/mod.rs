@@ -10,6 +10,7 @@ mod api;
 mod controller;
 mod report;
 mod runtime;
+mod sim;
 mod stats;
 
 use std::path::Path;
@@ -46,6 +47,7 @@ fn cases() -> Vec<Case> {
     cases.extend(api::cases());
     cases.extend(controller::cases());
     cases.extend(runtime::cases());
+    cases.extend(sim::cases());
     cases
 }
 

@@ -258,10 +258,12 @@ fn list_kind(info: &ResourceInfo) -> String {
     format!("{}List", info.kind)
 }
 
+/// What a `continue` token carries: the list's version and the last object returned.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct ContinueToken {
     rv: String,
-    after: String,
+    namespace: String,
+    name: String,
 }
 
 async fn resource(
@@ -597,9 +599,8 @@ fn list(
             .ok()
             .and_then(|bytes| serde_json::from_slice::<ContinueToken>(&bytes).ok())
             .ok_or_else(|| ApiError::bad_request("invalid continue token"))?;
-        items.retain(|item| {
-            format!("{}/{}", meta::namespace(item), meta::name(item)) > decoded.after
-        });
+        let after = (decoded.namespace.as_str(), decoded.name.as_str());
+        items.retain(|item| (meta::namespace(item), meta::name(item)) > after);
         rv = decoded.rv;
     }
     let limit = query
@@ -616,7 +617,8 @@ fn list(
         if let Some(last) = items.last() {
             let token = ContinueToken {
                 rv: rv.clone(),
-                after: format!("{}/{}", meta::namespace(last), meta::name(last)),
+                namespace: meta::namespace(last).to_owned(),
+                name: meta::name(last).to_owned(),
             };
             let bytes = serde_json::to_vec(&token).unwrap_or_default();
             continue_token = Some(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes));

@@ -80,11 +80,12 @@ struct Column {
     priority: i32,
 }
 
-const fn column(name: &'static str, type_: &'static str, priority: i32) -> Column {
+fn column(name: &'static str, type_: &'static str, priority: i32) -> Column {
     Column {
         name,
         type_,
-        format: "",
+        // kubectl finds the name column by its format (to print `kind/name` for several kinds).
+        format: if name == "Name" { "name" } else { "" },
         priority,
     }
 }

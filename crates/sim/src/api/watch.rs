@@ -161,14 +161,16 @@ impl State {
             };
             let bookmarks = self.request.bookmarks;
             tokio::select! {
+                // Ending conditions first, so that a closed watch never delivers one more event.
+                biased;
+                _ = self.epoch.changed() => self.finished = true,
+                () = tokio::time::sleep_until(self.deadline) => self.finished = true,
                 received = live.recv() => match received {
                     Ok(change) => self.process(&change),
                     // A watcher that cannot keep up is closed; the client resumes from its last
                     // version, as with a real API server.
                     Err(RecvError::Lagged(_) | RecvError::Closed) => self.finished = true,
                 },
-                () = tokio::time::sleep_until(self.deadline) => self.finished = true,
-                _ = self.epoch.changed() => self.finished = true,
                 () = tokio::time::sleep_until(self.next_bookmark), if bookmarks => {
                     let rv = self.cluster.store.current_rv();
                     while let Some(live) = self.live.as_mut() {

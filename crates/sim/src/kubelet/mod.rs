@@ -3,11 +3,11 @@
 //! (pod IP, phase, conditions, container states, readiness probes), records Events, and kills
 //! the processes when the pod is deleted before confirming the deletion.
 
-pub mod images;
+pub(crate) mod images;
 pub(crate) mod net;
 mod pod;
 pub(crate) mod probe;
-pub mod process;
+pub(crate) mod process;
 pub(crate) mod status;
 
 use std::collections::HashMap;

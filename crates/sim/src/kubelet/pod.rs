@@ -77,6 +77,8 @@ struct Worker {
     restart_at: Vec<Option<Instant>>,
     init_restart_at: Option<(usize, Instant)>,
     exits_tx: mpsc::UnboundedSender<Exit>,
+    /// The container tasks; dropping the worker aborts them, which kills their processes.
+    tasks: tokio::task::JoinSet<()>,
     restart_policy: String,
     env_cache: Vec<BTreeMap<String, String>>,
 }
@@ -180,6 +182,7 @@ impl Worker {
             restart_at: specs.iter().map(|_| None).collect(),
             env_cache: Vec::new(),
             init_restart_at: None,
+            tasks: tokio::task::JoinSet::new(),
             ctx,
             pod,
             namespace,
@@ -664,7 +667,13 @@ impl Worker {
                     .get("workingDir")
                     .and_then(Value::as_str)
                     .map(str::to_owned),
-                hostname: self.name.clone(),
+                // `spec.hostname` when set, as a real pod's UTS name.
+                hostname: self
+                    .pod
+                    .pointer("/spec/hostname")
+                    .and_then(Value::as_str)
+                    .unwrap_or(&self.name)
+                    .to_owned(),
                 pod_dir: self.paths.app.clone(),
                 mounts: self.mounts(container),
                 log: log_file(&self.paths, name, false),
@@ -707,7 +716,8 @@ impl Worker {
         let pid = running.guard.pgid();
         let started_at = now();
         let (control, control_rx) = mpsc::unbounded_channel();
-        tokio::spawn(watch_container(
+        while self.tasks.try_join_next().is_some() {}
+        self.tasks.spawn(watch_container(
             running,
             control_rx,
             self.exits_tx.clone(),
@@ -1049,6 +1059,7 @@ async fn watch_container(
     };
     // The leader is gone; whatever it left behind in its group goes too.
     running.guard.kill();
+    running.guard.wait_gone(Duration::from_secs(5)).await;
     let (code, signal) = match status {
         Ok(status) => (status.code(), status.signal()),
         Err(_) => (None, Some(9)),

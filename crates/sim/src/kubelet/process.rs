@@ -180,7 +180,7 @@ pub(crate) fn bwrap_args(root: &[RootEntry], spec: &LaunchSpec) -> Vec<OsString>
 
 /// Every process group the kubelet started and has not yet seen die.
 #[derive(Debug, Default)]
-pub struct ProcessTable {
+pub(crate) struct ProcessTable {
     groups: Mutex<HashSet<i32>>,
 }
 
@@ -200,7 +200,7 @@ impl ProcessTable {
     }
 
     /// Kills every registered group.
-    pub fn kill_all(&self) {
+    pub(crate) fn kill_all(&self) {
         let groups: Vec<i32> = self
             .groups
             .lock()
@@ -213,16 +213,11 @@ impl ProcessTable {
     }
 
     /// How many groups are alive.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.groups
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .len()
-    }
-
-    /// Whether no group is alive.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
@@ -233,23 +228,25 @@ fn kill_group(pgid: i32, signal: Signal) {
     }
 }
 
-/// Members of process group `pgid` other than its leader, from `/proc`.
-fn group_members(pgid: i32) -> Vec<i32> {
+/// Live (not zombie) members of process group `pgid`, from `/proc`.
+fn live_members(pgid: i32) -> Vec<i32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
     entries
         .flatten()
         .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| *pid != pgid)
         .filter(|pid| {
             std::fs::read_to_string(format!("/proc/{pid}/stat"))
                 .ok()
                 .and_then(|stat| {
-                    let after = stat.rsplit_once(')')?.1;
-                    after.split_whitespace().nth(2)?.parse::<i32>().ok()
+                    let after = stat.rsplit_once(')')?.1.to_owned();
+                    let mut fields = after.split_whitespace();
+                    let state = fields.next()?.to_owned();
+                    let group = fields.nth(1)?.parse::<i32>().ok()?;
+                    Some(state != "Z" && group == pgid)
                 })
-                == Some(pgid)
+                .unwrap_or(false)
         })
         .collect()
 }
@@ -271,7 +268,10 @@ impl GroupGuard {
             return;
         }
         if self.in_bwrap {
-            for pid in group_members(self.pgid) {
+            for pid in live_members(self.pgid)
+                .into_iter()
+                .filter(|pid| *pid != self.pgid)
+            {
                 if let Some(pid) = Pid::from_raw(pid) {
                     let _ = kill_process(pid, Signal::TERM);
                 }
@@ -287,6 +287,15 @@ impl GroupGuard {
             kill_group(self.pgid, Signal::KILL);
             self.table.remove(self.pgid);
             self.done = true;
+        }
+    }
+
+    /// Waits (at most `limit`) until no process of the group is alive any more: a SIGKILL is
+    /// delivered asynchronously, and a pod must not be reported gone while its processes exit.
+    pub(crate) async fn wait_gone(&self, limit: std::time::Duration) {
+        let deadline = tokio::time::Instant::now() + limit;
+        while !live_members(self.pgid).is_empty() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
         }
     }
 

@@ -2,7 +2,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use agent_sandbox_sim::{Isolation, Sim, SimConfig};
@@ -89,23 +89,8 @@ pub(crate) async fn http_get(addr: &str, path: &str) -> (u16, String) {
     (code, body)
 }
 
-/// A stand-in for the runtime image until `sandbox-runtime` is in the workspace: answers
-/// `GET /` with the runtime's status JSON on `SANDBOX_LISTEN`.
-pub(crate) fn runtime_stand_in(dir: &Path) -> PathBuf {
-    let path = dir.join("runtime-stand-in");
-    std::fs::write(
-        &path,
-        "#!/usr/bin/env python3\nimport http.server, json, os, signal, sys\n\
-         host, port = os.environ['SANDBOX_LISTEN'].rsplit(':', 1)\n\
-         class H(http.server.BaseHTTPRequestHandler):\n\
-         \x20   protocol_version = 'HTTP/1.1'\n\
-         \x20   def do_GET(self):\n\
-         \x20       body = json.dumps({'status': 'ok'}).encode()\n\
-         \x20       self.send_response(200); self.send_header('content-length', str(len(body))); self.end_headers(); self.wfile.write(body)\n\
-         signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n\
-         http.server.HTTPServer((host, int(port)), H).serve_forever()\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    path
+/// The workspace's `sandbox-runtime`, built once per test process.
+pub(crate) fn runtime_binary() -> PathBuf {
+    agent_sandbox_sim::test_support::workspace_binary("agent-sandbox-runtime", "sandbox-runtime")
+        .expect("sandbox-runtime builds")
 }
