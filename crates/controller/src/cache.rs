@@ -18,6 +18,9 @@ use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use tokio::task::JoinSet;
 
+/// How many kinds are watched (each counts once towards readiness).
+const KINDS: usize = 7;
+
 /// How many changes a slow consumer may lag behind before the watch waits for it.
 const CONSUMER_BUFFER: usize = 4096;
 
@@ -40,6 +43,8 @@ pub struct Caches {
     pub templates: Store<SandboxTemplate>,
     /// NetworkPolicies.
     pub policies: Store<NetworkPolicy>,
+    /// How many of the watches have completed their initial list.
+    synced: tokio::sync::watch::Receiver<usize>,
 }
 
 impl std::fmt::Debug for Caches {
@@ -54,17 +59,13 @@ impl std::fmt::Debug for Caches {
 
 impl Caches {
     /// Waits until every cache has completed its initial list.
+    ///
+    /// (Not `Store::wait_until_ready`: its readiness signal wakes only the last of several
+    /// concurrent waiters, and each controller already waits on its own store.)
     pub async fn wait_until_ready(&self) {
-        // A dropped writer means the watch task ended (shutdown); readiness is moot then.
-        let _ = futures::join!(
-            self.sandboxes.wait_until_ready(),
-            self.pods.wait_until_ready(),
-            self.services.wait_until_ready(),
-            self.claims.wait_until_ready(),
-            self.pools.wait_until_ready(),
-            self.templates.wait_until_ready(),
-            self.policies.wait_until_ready(),
-        );
+        let mut synced = self.synced.clone();
+        // An error means every watch task ended (shutdown); readiness is moot then.
+        let _ = synced.wait_for(|count| *count >= KINDS).await;
     }
 }
 
@@ -121,6 +122,7 @@ fn spawn_watch<K, const N: usize>(
     api: Api<K>,
     config: watcher::Config,
     strip: fn(&mut K),
+    synced: &std::sync::Arc<tokio::sync::watch::Sender<usize>>,
 ) -> (Store<K>, [Changes<K>; N])
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
@@ -136,7 +138,9 @@ where
         })
         .boxed()
     });
+    let synced = std::sync::Arc::clone(synced);
     tasks.spawn(async move {
+        let mut counted = false;
         let mut events = std::pin::pin!(
             watcher(api, config)
                 .default_backoff()
@@ -152,7 +156,14 @@ where
                 ) => {
                     vec![object]
                 }
-                Ok(watcher::Event::Init | watcher::Event::InitDone) => continue,
+                Ok(watcher::Event::InitDone) => {
+                    if !counted {
+                        counted = true;
+                        synced.send_modify(|count| *count += 1);
+                    }
+                    continue;
+                }
+                Ok(watcher::Event::Init) => continue,
                 Err(error) => {
                     tracing::warn!(%kind, %error, "watch failed; retrying with backoff");
                     continue;
@@ -191,48 +202,57 @@ pub fn start(
 ) -> (Caches, Subscriptions) {
     let labelled = watcher::Config::default().labels(labels::SANDBOX_NAME_HASH);
     let all = watcher::Config::default();
+    let (synced, synced_rx) = tokio::sync::watch::channel(0_usize);
+    let synced = std::sync::Arc::new(synced);
 
     let (sandboxes, [sb1, sb2, sb3]) = spawn_watch(
         tasks,
         api::<Sandbox>(client, namespace),
         all.clone(),
         strip_managed_fields,
+        &synced,
     );
     let (pods, [pods_sub]) = spawn_watch(
         tasks,
         api::<Pod>(client, namespace),
         labelled.clone(),
         strip_pod,
+        &synced,
     );
     let (services, [services_sub]) = spawn_watch(
         tasks,
         api::<Service>(client, namespace),
         labelled,
         strip_managed_fields,
+        &synced,
     );
     let (claims, [claims_sub, claims_for_pool]) = spawn_watch(
         tasks,
         api::<SandboxClaim>(client, namespace),
         all.clone(),
         strip_managed_fields,
+        &synced,
     );
     let (pools, [pool1, pool2]) = spawn_watch(
         tasks,
         api::<SandboxWarmPool>(client, namespace),
         all.clone(),
         strip_managed_fields,
+        &synced,
     );
     let (templates, [t1, t2, t3]) = spawn_watch(
         tasks,
         api::<SandboxTemplate>(client, namespace),
         all.clone(),
         strip_managed_fields,
+        &synced,
     );
     let (policies, [policies_sub]) = spawn_watch(
         tasks,
         api::<NetworkPolicy>(client, namespace),
         all,
         strip_managed_fields,
+        &synced,
     );
 
     (
@@ -244,6 +264,7 @@ pub fn start(
             pools,
             templates,
             policies,
+            synced: synced_rx,
         },
         Subscriptions {
             sandboxes_for_sandbox: sb1,

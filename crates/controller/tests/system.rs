@@ -922,3 +922,67 @@ async fn the_template_policy_has_the_secure_shape_and_follows_the_router_setting
         Some(&name_hash("python"))
     );
 }
+
+async fn http_status(addr: std::net::SocketAddr, path: &str) -> Option<u16> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.ok()?;
+    response.split(' ').nth(1)?.parse().ok()
+}
+
+/// Regression: with many objects listed at startup, `/readyz` once waited on the same store
+/// readiness signal as a controller did, and the signal woke only one of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_controller_becomes_ready_with_a_thousand_sandboxes_already_there() {
+    const COUNT: usize = 1000;
+    let health = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut h = Harness::start_with(Config {
+        health_addr: Some(health),
+        ..Config::default()
+    })
+    .await;
+    h.kill_controller();
+    let _dump = h.dump_on_panic();
+    let sandboxes: Api<Sandbox> = h.api();
+    let names: Vec<String> = (0..COUNT).map(|i| format!("many-{i:04}")).collect();
+    for chunk in names.chunks(25) {
+        let creations = chunk.iter().map(|name| {
+            let mut object = sandbox(name);
+            object.spec.operating_mode = OperatingMode::Suspended;
+            let sandboxes = sandboxes.clone();
+            async move { sandboxes.create(&PostParams::default(), &object).await }
+        });
+        for created in futures::future::join_all(creations).await {
+            created.unwrap();
+        }
+    }
+    h.start_controller();
+    wait_for(
+        "/readyz to answer 200",
+        || async { Some(http_status(health, "/readyz").await) },
+        |status| *status == Some(200),
+    )
+    .await;
+    // Every sandbox was reconciled: its status says Suspended.
+    wait_for(
+        "every sandbox to have a status",
+        || async {
+            let listed = sandboxes.list(&Default::default()).await.unwrap();
+            Some(
+                listed
+                    .items
+                    .iter()
+                    .filter(|s| s.status.as_ref().is_some_and(|s| !s.conditions.is_empty()))
+                    .count(),
+            )
+        },
+        |count| *count == COUNT,
+    )
+    .await;
+}

@@ -14,8 +14,8 @@ use agent_sandbox_api::conditions::claim as claim_cond;
 use agent_sandbox_api::sandbox::{OperatingMode, PodTemplate, SandboxBlueprint};
 use agent_sandbox_api::warm_pool::SandboxTemplateRef;
 use agent_sandbox_api::{
-    Sandbox, SandboxClaim, SandboxClaimSpec, SandboxSpec, SandboxTemplate, SandboxTemplateSpec, SandboxWarmPool,
-    SandboxWarmPoolSpec,
+    Sandbox, SandboxClaim, SandboxClaimSpec, SandboxSpec, SandboxTemplate, SandboxTemplateSpec,
+    SandboxWarmPool, SandboxWarmPoolSpec,
 };
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::{Container, PodSpec};
@@ -53,12 +53,19 @@ fn build(root: &Path) -> Result<PathBuf> {
         .args(["build", "--quiet", "--release"])
         .args(["-p", "agent-sandbox-sim", "--bin", "kube-sim"])
         .args(["-p", "agent-sandbox-runtime", "--bin", "sandbox-runtime"])
-        .args(["-p", "agent-sandbox-controller", "--bin", "agent-sandbox-controller"])
+        .args([
+            "-p",
+            "agent-sandbox-controller",
+            "--bin",
+            "agent-sandbox-controller",
+        ])
         .current_dir(root)
         .status()
         .context("failed to run cargo build for the controller bench")?;
     if !status.success() {
-        bail!("cargo build --release of kube-sim, sandbox-runtime and agent-sandbox-controller failed");
+        bail!(
+            "cargo build --release of kube-sim, sandbox-runtime and agent-sandbox-controller failed"
+        );
     }
     Ok(root.join("target/release"))
 }
@@ -80,7 +87,13 @@ impl Process {
             status
                 .lines()
                 .find_map(|line| line.strip_prefix(name))
-                .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                .and_then(|rest| {
+                    rest.trim()
+                        .trim_end_matches("kB")
+                        .trim()
+                        .parse::<u64>()
+                        .ok()
+                })
                 .unwrap_or(0)
         };
         Ok((field("VmRSS:"), field("VmHWM:")))
@@ -112,14 +125,17 @@ impl Drop for Cluster {
 }
 
 fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 impl Cluster {
     async fn start(root: &Path, name: &str, with_controller: bool) -> Result<Self> {
         let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
         let bin = build(root)?;
-        let dir = std::env::temp_dir().join(format!("bench-controller-{name}-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("bench-controller-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
         let kubeconfig = dir.join("kubeconfig");
         let sim = Process(
@@ -149,9 +165,19 @@ impl Cluster {
         let client = Client::try_from(config)?;
         let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
         for crd in agent_sandbox_api::crds::all() {
-            crds.create(&PostParams::default(), &crd).await.context("failed to register a CRD")?;
+            crds.create(&PostParams::default(), &crd)
+                .await
+                .context("failed to register a CRD")?;
         }
-        let mut cluster = Self { _sim: sim, controller: None, client, base_url, kubeconfig, bin, _dir: dir };
+        let mut cluster = Self {
+            _sim: sim,
+            controller: None,
+            client,
+            base_url,
+            kubeconfig,
+            bin,
+            _dir: dir,
+        };
         if with_controller {
             cluster.start_controller().await?;
         }
@@ -174,7 +200,10 @@ impl Cluster {
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
-            if http_get(addr, "/readyz").await.is_ok_and(|(status, _)| status == 200) {
+            if http_get(addr, "/readyz")
+                .await
+                .is_ok_and(|(status, _)| status == 200)
+            {
                 return Ok(());
             }
             if Instant::now() > deadline {
@@ -189,8 +218,13 @@ impl Cluster {
         let addr: SocketAddr = self.base_url.trim_start_matches("http://").parse()?;
         let (_, body) = http_get(addr, "/sim/metrics").await?;
         let mut counts = BTreeMap::new();
-        for line in body.lines().filter(|l| l.starts_with("sim_api_requests_total{")) {
-            let Some((labels, value)) = line.rsplit_once(' ') else { continue };
+        for line in body
+            .lines()
+            .filter(|l| l.starts_with("sim_api_requests_total{"))
+        {
+            let Some((labels, value)) = line.rsplit_once(' ') else {
+                continue;
+            };
             let label = |name: &str| {
                 labels
                     .split(&format!("{name}=\""))
@@ -199,7 +233,10 @@ impl Cluster {
                     .unwrap_or_default()
                     .to_owned()
             };
-            counts.insert((label("verb"), label("group"), label("resource")), value.trim().parse().unwrap_or(0));
+            counts.insert(
+                (label("verb"), label("group"), label("resource")),
+                value.trim().parse().unwrap_or(0),
+            );
         }
         Ok(counts)
     }
@@ -209,13 +246,22 @@ async fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(addr).await?;
     stream
-        .write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes())
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
         .await?;
     let mut response = Vec::new();
     stream.read_to_end(&mut response).await?;
     let text = String::from_utf8_lossy(&response).into_owned();
-    let status = text.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    let body = text.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or_default();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default();
     Ok((status, body))
 }
 
@@ -235,22 +281,31 @@ async fn create_pool(client: &Client, replicas: i32) -> Result<()> {
         "python",
         SandboxTemplateSpec {
             blueprint: SandboxBlueprint {
-                pod_template: PodTemplate { spec: runtime_spec(), ..PodTemplate::default() },
+                pod_template: PodTemplate {
+                    spec: runtime_spec(),
+                    ..PodTemplate::default()
+                },
                 ..SandboxBlueprint::default()
             },
             ..SandboxTemplateSpec::default()
         },
     );
-    Api::<SandboxTemplate>::namespaced(client.clone(), NS).create(&PostParams::default(), &template).await?;
+    Api::<SandboxTemplate>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &template)
+        .await?;
     let pool = SandboxWarmPool::new(
         "pool",
         SandboxWarmPoolSpec {
             replicas,
-            sandbox_template_ref: SandboxTemplateRef { name: "python".into() },
+            sandbox_template_ref: SandboxTemplateRef {
+                name: "python".into(),
+            },
             update_strategy: None,
         },
     );
-    Api::<SandboxWarmPool>::namespaced(client.clone(), NS).create(&PostParams::default(), &pool).await?;
+    Api::<SandboxWarmPool>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &pool)
+        .await?;
     Ok(())
 }
 
@@ -262,17 +317,26 @@ async fn pool_full(client: &Client, replicas: i32, within: Duration) -> Result<(
     };
     tokio::time::timeout(within, await_condition(pools, "pool", condition))
         .await
-        .with_context(|| format!("the pool did not reach {replicas} ready members within {within:?}"))??;
+        .with_context(|| {
+            format!("the pool did not reach {replicas} ready members within {within:?}")
+        })??;
     Ok(())
 }
 
 fn tokio_runtime() -> Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?)
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?)
 }
 
 const CLAIM_PATH: [(&str, &str, &str); 4] = [
     ("create", "extensions.agents.x-k8s.io", "sandboxclaims"),
-    ("apply", "extensions.agents.x-k8s.io", "sandboxclaims/status"),
+    (
+        "apply",
+        "extensions.agents.x-k8s.io",
+        "sandboxclaims/status",
+    ),
     ("patch", "agents.x-k8s.io", "sandboxes"),
     ("create", "events.k8s.io", "events"),
 ];
@@ -346,7 +410,11 @@ fn pool_200(root: &Path, options: Options) -> Result<Vec<Row>> {
         create_pool(&cluster.client, replicas).await?;
         pool_full(&cluster.client, replicas, Duration::from_secs(600)).await?;
         let elapsed = start.elapsed();
-        let (rss, peak) = cluster.controller.as_ref().context("no controller")?.memory()?;
+        let (rss, peak) = cluster
+            .controller
+            .as_ref()
+            .context("no controller")?
+            .memory()?;
         #[allow(clippy::cast_precision_loss)]
         let rate = f64::from(replicas) / elapsed.as_secs_f64();
         Ok(vec![
@@ -354,7 +422,10 @@ fn pool_200(root: &Path, options: Options) -> Result<Vec<Row>> {
                 .median(format_duration(elapsed))
                 .throughput(format!("{rate:.1} sandboxes/s"))
                 .peak_rss(mib(peak))
-                .notes(format!("pool created -> {replicas} Ready members; controller RSS after: {}", mib(rss))),
+                .notes(format!(
+                    "pool created -> {replicas} Ready members; controller RSS after: {}",
+                    mib(rss)
+                )),
         ])
     })
 }
