@@ -315,6 +315,11 @@ impl Sim {
         let mut tasks = JoinSet::new();
         let (shutdown, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
         let router = api::router(api.clone());
+        // Watch events are small writes on long-lived responses: without TCP_NODELAY, Nagle's
+        // algorithm and delayed ACKs hold each one back by up to 40 ms.
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         tasks.spawn(async move {
             let served = axum::serve(listener, router)
                 .with_graceful_shutdown(async move {

@@ -283,3 +283,45 @@ async fn kubectl_shows_logs_events_and_describes_pods() {
         .await;
     assert_eq!(labels, "sim");
 }
+
+#[tokio::test]
+async fn kubectl_get_follows_table_pages() {
+    require_kubectl!();
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let kubectl = Kubectl::new(&sim);
+    let manifests: String = (0..7)
+        .map(|i| format!("---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: page-{i}}}\n"))
+        .collect();
+    let output = kubectl
+        .run_with_input(&["create", "-f", "-"], Some(&manifests))
+        .await;
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // Chunks of 3: kubectl must follow `continue` twice to print all seven.
+    let listed = kubectl
+        .ok(&[
+            "get",
+            "configmaps",
+            "--chunk-size=3",
+            "--no-headers",
+            "-o",
+            "name",
+        ])
+        .await;
+    assert_eq!(
+        listed.lines().filter(|l| l.contains("page-")).count(),
+        7,
+        "{listed}"
+    );
+    let table = kubectl
+        .ok(&["get", "configmaps", "--chunk-size=3", "--no-headers"])
+        .await;
+    assert_eq!(
+        table.lines().filter(|l| l.starts_with("page-")).count(),
+        7,
+        "{table}"
+    );
+}

@@ -7,6 +7,7 @@
 //! test assertions.
 
 mod api;
+mod controller;
 mod report;
 mod router;
 mod runtime;
@@ -45,6 +46,7 @@ pub(crate) struct Case {
 fn cases() -> Vec<Case> {
     let mut cases = Vec::new();
     cases.extend(api::cases());
+    cases.extend(controller::cases());
     cases.extend(runtime::cases());
     cases.extend(router::cases());
     cases.extend(sim::cases());

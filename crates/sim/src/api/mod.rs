@@ -624,7 +624,7 @@ fn list(
             continue_token = Some(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes));
         }
     }
-    let body = match format {
+    let mut body = match format {
         Format::Table(include) => table::render(info, &items, &rv, include),
         other => {
             let (kind, api_version) = if other == Format::PartialMetadata {
@@ -639,13 +639,13 @@ fn list(
                 .iter()
                 .map(|item| watch::render_object(info, item, other))
                 .collect();
-            let mut metadata = json!({"resourceVersion": rv});
-            if let Some(token) = continue_token {
-                metadata["continue"] = json!(token);
-                metadata["remainingItemCount"] = json!(remaining);
-            }
-            json!({"kind": kind, "apiVersion": api_version, "metadata": metadata, "items": items})
+            json!({"kind": kind, "apiVersion": api_version, "metadata": {"resourceVersion": rv}, "items": items})
         }
     };
+    // Tables page like lists: `kubectl get` follows `continue` in chunks of 500.
+    if let Some(token) = continue_token {
+        body["metadata"]["continue"] = json!(token);
+        body["metadata"]["remainingItemCount"] = json!(remaining);
+    }
     Ok(json_response(StatusCode::OK, &body, &[]))
 }

@@ -1,0 +1,285 @@
+//! The shared caches: one watch per kind, reflected into a store that every reconciler reads,
+//! with a subscription per controller that consumes the kind's changes.
+//!
+//! One watch per kind (not one per controller) keeps memory at one copy of each object: the
+//! Sandbox cache is read by three reconcilers. Fields no reconciler reads (`managedFields`, most
+//! of a Pod's spec) are stripped before objects are stored.
+
+use std::fmt::Debug;
+
+use agent_sandbox_api::Sandbox;
+use agent_sandbox_api::{SandboxClaim, SandboxTemplate, SandboxWarmPool, labels};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Pod, PodSpec, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::runtime::reflector::Store;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource};
+use serde::de::DeserializeOwned;
+use tokio::task::JoinSet;
+
+/// How many kinds are watched (each counts once towards readiness).
+const KINDS: usize = 7;
+
+/// How many changes a slow consumer may lag behind before the watch waits for it.
+const CONSUMER_BUFFER: usize = 4096;
+
+/// A stream of changed objects (applied or deleted) of one kind, for one controller.
+pub type Changes<K> = futures::stream::BoxStream<'static, Result<K, watcher::Error>>;
+/// Read handles to every cache.
+#[derive(Clone)]
+pub struct Caches {
+    /// Sandboxes.
+    pub sandboxes: Store<Sandbox>,
+    /// Pods that carry the sandbox name-hash label (spec stripped to `nodeName`).
+    pub pods: Store<Pod>,
+    /// Services that carry the sandbox name-hash label.
+    pub services: Store<Service>,
+    /// SandboxClaims.
+    pub claims: Store<SandboxClaim>,
+    /// SandboxWarmPools.
+    pub pools: Store<SandboxWarmPool>,
+    /// SandboxTemplates.
+    pub templates: Store<SandboxTemplate>,
+    /// NetworkPolicies.
+    pub policies: Store<NetworkPolicy>,
+    /// How many of the watches have completed their initial list.
+    synced: tokio::sync::watch::Receiver<usize>,
+}
+
+impl std::fmt::Debug for Caches {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Caches")
+            .field("sandboxes", &self.sandboxes.len())
+            .field("pods", &self.pods.len())
+            .field("claims", &self.claims.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Caches {
+    /// Waits until every cache has completed its initial list.
+    ///
+    /// (Not `Store::wait_until_ready`: its readiness signal wakes only the last of several
+    /// concurrent waiters, and each controller already waits on its own store.)
+    pub async fn wait_until_ready(&self) {
+        let mut synced = self.synced.clone();
+        // An error means every watch task ended (shutdown); readiness is moot then.
+        let _ = synced.wait_for(|count| *count >= KINDS).await;
+    }
+}
+
+/// The change streams the controllers consume.
+#[allow(missing_debug_implementations)] // Boxed streams are not Debug.
+pub struct Subscriptions {
+    /// For the Sandbox controller.
+    pub sandboxes_for_sandbox: Changes<Sandbox>,
+    /// For the warm-pool controller (its members).
+    pub sandboxes_for_pool: Changes<Sandbox>,
+    /// For the claim controller (adopted sandboxes and pool members).
+    pub sandboxes_for_claim: Changes<Sandbox>,
+    /// For the Sandbox controller.
+    pub pods: Changes<Pod>,
+    /// For the Sandbox controller.
+    pub services: Changes<Service>,
+    /// For the claim controller.
+    pub claims: Changes<SandboxClaim>,
+    /// For the warm-pool controller: a member that a claim adopts stops naming the pool, so the
+    /// claim's own change is what tells the pool to refill.
+    pub claims_for_pool: Changes<SandboxClaim>,
+    /// For the warm-pool controller.
+    pub pools_for_pool: Changes<SandboxWarmPool>,
+    /// For the claim controller.
+    pub pools_for_claim: Changes<SandboxWarmPool>,
+    /// For the template controller.
+    pub templates_for_template: Changes<SandboxTemplate>,
+    /// For the warm-pool controller.
+    pub templates_for_pool: Changes<SandboxTemplate>,
+    /// For the claim controller.
+    pub templates_for_claim: Changes<SandboxTemplate>,
+    /// For the template controller.
+    pub policies: Changes<NetworkPolicy>,
+}
+
+fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// Starts the watch of one kind as a task of `tasks`: every event updates the store first, then
+/// each applied or deleted object goes to each of `consumers`.
+///
+/// (kube-runtime's shared-store subscriptions hand out object references and look them up in
+/// the store; a reference to an object deleted before the lookup stalls that subscription for
+/// good. Sending the objects themselves avoids that.)
+fn spawn_watch<K, const N: usize>(
+    tasks: &mut JoinSet<()>,
+    api: Api<K>,
+    config: watcher::Config,
+    strip: fn(&mut K),
+    synced: &std::sync::Arc<tokio::sync::watch::Sender<usize>>,
+) -> (Store<K>, [Changes<K>; N])
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let kind = K::kind(&()).into_owned();
+    let (reader, writer) = kube::runtime::reflector::store::<K>();
+    let mut senders = Vec::with_capacity(N);
+    let receivers: [Changes<K>; N] = std::array::from_fn(|_| {
+        let (sender, receiver) = tokio::sync::mpsc::channel::<K>(CONSUMER_BUFFER);
+        senders.push(sender);
+        futures::stream::unfold(receiver, |mut receiver| async move {
+            receiver.recv().await.map(|object| (Ok(object), receiver))
+        })
+        .boxed()
+    });
+    let synced = std::sync::Arc::clone(synced);
+    tasks.spawn(async move {
+        let mut counted = false;
+        let mut events = std::pin::pin!(
+            watcher(api, config)
+                .default_backoff()
+                .modify(strip)
+                .reflect(writer)
+        );
+        while let Some(event) = events.next().await {
+            let objects = match event {
+                Ok(
+                    watcher::Event::Apply(object)
+                    | watcher::Event::InitApply(object)
+                    | watcher::Event::Delete(object),
+                ) => {
+                    vec![object]
+                }
+                Ok(watcher::Event::InitDone) => {
+                    if !counted {
+                        counted = true;
+                        synced.send_modify(|count| *count += 1);
+                    }
+                    continue;
+                }
+                Ok(watcher::Event::Init) => continue,
+                Err(error) => {
+                    tracing::warn!(%kind, %error, "watch failed; retrying with backoff");
+                    continue;
+                }
+            };
+            for object in objects {
+                for sender in &senders {
+                    // A closed receiver means its controller stopped (shutdown).
+                    let _ = sender.send(object.clone()).await;
+                }
+            }
+        }
+    });
+    (reader, receivers)
+}
+
+fn strip_managed_fields<K: Resource>(object: &mut K) {
+    object.meta_mut().managed_fields = None;
+}
+
+fn strip_pod(pod: &mut Pod) {
+    pod.metadata.managed_fields = None;
+    // The controller reads only the node name of a pod's spec; the status and metadata stay.
+    let node_name = pod.spec.as_ref().and_then(|spec| spec.node_name.clone());
+    pod.spec = Some(PodSpec {
+        node_name,
+        ..PodSpec::default()
+    });
+}
+
+/// Starts every watch, returning the read handles and the subscriptions.
+pub fn start(
+    client: &Client,
+    namespace: Option<&str>,
+    tasks: &mut JoinSet<()>,
+) -> (Caches, Subscriptions) {
+    let labelled = watcher::Config::default().labels(labels::SANDBOX_NAME_HASH);
+    let all = watcher::Config::default();
+    let (synced, synced_rx) = tokio::sync::watch::channel(0_usize);
+    let synced = std::sync::Arc::new(synced);
+
+    let (sandboxes, [sb1, sb2, sb3]) = spawn_watch(
+        tasks,
+        api::<Sandbox>(client, namespace),
+        all.clone(),
+        strip_managed_fields,
+        &synced,
+    );
+    let (pods, [pods_sub]) = spawn_watch(
+        tasks,
+        api::<Pod>(client, namespace),
+        labelled.clone(),
+        strip_pod,
+        &synced,
+    );
+    let (services, [services_sub]) = spawn_watch(
+        tasks,
+        api::<Service>(client, namespace),
+        labelled,
+        strip_managed_fields,
+        &synced,
+    );
+    let (claims, [claims_sub, claims_for_pool]) = spawn_watch(
+        tasks,
+        api::<SandboxClaim>(client, namespace),
+        all.clone(),
+        strip_managed_fields,
+        &synced,
+    );
+    let (pools, [pool1, pool2]) = spawn_watch(
+        tasks,
+        api::<SandboxWarmPool>(client, namespace),
+        all.clone(),
+        strip_managed_fields,
+        &synced,
+    );
+    let (templates, [t1, t2, t3]) = spawn_watch(
+        tasks,
+        api::<SandboxTemplate>(client, namespace),
+        all.clone(),
+        strip_managed_fields,
+        &synced,
+    );
+    let (policies, [policies_sub]) = spawn_watch(
+        tasks,
+        api::<NetworkPolicy>(client, namespace),
+        all,
+        strip_managed_fields,
+        &synced,
+    );
+
+    (
+        Caches {
+            sandboxes,
+            pods,
+            services,
+            claims,
+            pools,
+            templates,
+            policies,
+            synced: synced_rx,
+        },
+        Subscriptions {
+            sandboxes_for_sandbox: sb1,
+            sandboxes_for_pool: sb2,
+            sandboxes_for_claim: sb3,
+            pods: pods_sub,
+            services: services_sub,
+            claims: claims_sub,
+            claims_for_pool,
+            pools_for_pool: pool1,
+            pools_for_claim: pool2,
+            templates_for_template: t1,
+            templates_for_pool: t2,
+            templates_for_claim: t3,
+            policies: policies_sub,
+        },
+    )
+}

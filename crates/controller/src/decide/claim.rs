@@ -1,0 +1,1273 @@
+//! Decisions of the SandboxClaim reconciler: which warm member to adopt (or whether to wait or
+//! build cold), what the adoption write contains, what a cold sandbox looks like (metadata,
+//! environment and volume-claim-template merges under the template's policies), expiry, and the
+//! claim's status.
+//!
+//! Adoption is one conditional write on the Sandbox ([`adoption_patch`] carries the
+//! resourceVersion the choice was made on): it moves the controller ownerReference from the pool
+//! to the claim, so two claims can never hold one sandbox; the claim's status only records the
+//! outcome.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use agent_sandbox_api::claim::{ClaimShutdownPolicy, ClaimedSandbox, EnvVar};
+use agent_sandbox_api::conditions::{claim as claim_cond, sandbox as sandbox_cond};
+use agent_sandbox_api::sandbox::{PersistentVolumeClaimTemplate, PodMetadata, Sandbox};
+use agent_sandbox_api::template::{EnvVarsInjectionPolicy, VolumeClaimTemplatesPolicy};
+use agent_sandbox_api::warm_pool::UpdateStrategyType;
+use agent_sandbox_api::{
+    SandboxClaim, SandboxClaimStatus, SandboxTemplate, SandboxWarmPool, annotations, labels,
+    name_hash,
+};
+use k8s_openapi::api::core::v1::{EnvVar as KEnvVar, PodSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use serde_json::{Map, Value, json};
+
+use super::secure_defaults::{self, DnsMode};
+use super::warm_pool::{is_ready, is_stale};
+use super::{
+    condition, controller_of, controller_reference, find_condition, remaining, remove_condition,
+    set_condition,
+};
+
+/// Annotation and label domains a claim's `additionalPodMetadata` may never use (except
+/// [`annotations::SAFE_TO_EVICT`]).
+const RESTRICTED_DOMAINS: [&str; 3] = ["kubernetes.io", "k8s.io", "agents.x-k8s.io"];
+
+/// Default label domains a claim may add (upstream's secure default).
+pub const DEFAULT_ALLOWED_LABEL_DOMAINS: [&str; 1] = ["sandbox.users.io"];
+
+fn claim_uid(claim: &SandboxClaim) -> &str {
+    claim.metadata.uid.as_deref().unwrap_or_default()
+}
+
+/// True when `sandbox` is controlled by `claim`.
+pub fn is_owned_by(sandbox: &Sandbox, claim: &SandboxClaim) -> bool {
+    controller_of(&sandbox.metadata).is_some_and(|reference| reference.uid == claim_uid(claim))
+}
+
+/// True when the claim can only be served cold (it injects env or volumes).
+pub fn needs_cold_start(claim: &SandboxClaim) -> bool {
+    !claim.spec.env.is_empty() || !claim.spec.volume_claim_templates.is_empty()
+}
+
+fn domain_matches(domain: &str, allowed: &str) -> bool {
+    domain == allowed || domain.ends_with(&format!(".{allowed}"))
+}
+
+fn is_qualified_name(key: &str) -> bool {
+    let (prefix, name) = match key.split_once('/') {
+        Some((prefix, name)) => (Some(prefix), name),
+        None => (None, key),
+    };
+    let name_ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
+    let prefix_ok = prefix.is_none_or(|p| {
+        !p.is_empty()
+            && p.len() <= 253
+            && p.split('.').all(|part| {
+                !part.is_empty()
+                    && part
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                    && !part.starts_with('-')
+                    && !part.ends_with('-')
+            })
+    });
+    name_ok && prefix_ok
+}
+
+fn is_label_value(value: &str) -> bool {
+    value.is_empty()
+        || (value.len() <= 63
+            && value
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            && value.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && value.ends_with(|c: char| c.is_ascii_alphanumeric()))
+}
+
+/// Checks a claim's `additionalPodMetadata` like upstream: label keys must be qualified, carry a
+/// domain prefix from `allowed_domains`, have valid values and never claim to be the router;
+/// annotation keys must stay out of the Kubernetes and agent-sandbox domains.
+pub fn validate_additional_pod_metadata(
+    meta: &PodMetadata,
+    allowed_domains: &[String],
+) -> Result<(), String> {
+    for (key, value) in &meta.labels {
+        let fail = |why: String| Err(format!("failed to validate label {key:?}: {why}"));
+        if !is_qualified_name(key) {
+            return fail(format!("invalid label key: {key:?}"));
+        }
+        if key.eq_ignore_ascii_case(labels::ROUTER_APP)
+            && value.eq_ignore_ascii_case(labels::ROUTER_APP_VALUE)
+        {
+            return fail(format!(
+                "restricted system label value: {key:?}={value:?} is not allowed in AdditionalPodMetadata"
+            ));
+        }
+        let Some((domain, _)) = key.split_once('/') else {
+            return fail(format!(
+                "label {key:?} must have a domain prefix (e.g. 'sandbox.users.io/my-label') to prevent opting into unintended policy domains"
+            ));
+        };
+        let domain = domain.to_lowercase();
+        if !allowed_domains
+            .iter()
+            .any(|allowed| domain_matches(&domain, allowed))
+        {
+            return fail(format!("label domain {domain:?} is not in the allowlist"));
+        }
+        if !is_label_value(value) {
+            return fail(format!("invalid label value: {value:?}"));
+        }
+    }
+    for key in meta.annotations.keys() {
+        if !is_qualified_name(key) {
+            return Err(format!(
+                "failed to validate annotation {key:?}: invalid annotation key: {key:?}"
+            ));
+        }
+        if let Some((domain, _)) = key.split_once('/')
+            && RESTRICTED_DOMAINS
+                .iter()
+                .any(|restricted| domain_matches(&domain.to_lowercase(), restricted))
+            && key != annotations::SAFE_TO_EVICT
+        {
+            return Err(format!(
+                "failed to validate annotation {key:?}: restricted system domain: {key:?} is not allowed in AdditionalPodMetadata"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The template's pod metadata plus the claim's, refusing to override a template key.
+pub fn merge_pod_metadata(
+    template: &PodMetadata,
+    claim: &PodMetadata,
+) -> Result<PodMetadata, String> {
+    let mut merged = template.clone();
+    for (key, value) in &claim.labels {
+        if let Some(existing) = template
+            .labels
+            .get(key)
+            .filter(|existing| *existing != value)
+        {
+            return Err(format!(
+                "metadata override conflict: label {key:?} is defined in template with value {existing:?}, but claim requests {value:?}"
+            ));
+        }
+        merged.labels.insert(key.clone(), value.clone());
+    }
+    for (key, value) in &claim.annotations {
+        if let Some(existing) = template
+            .annotations
+            .get(key)
+            .filter(|existing| *existing != value)
+        {
+            return Err(format!(
+                "metadata override conflict: annotation {key:?} is defined in template with value {existing:?}, but claim requests {value:?}"
+            ));
+        }
+        merged.annotations.insert(key.clone(), value.clone());
+    }
+    Ok(merged)
+}
+
+/// Injects the claim's env into the pod spec under the template's policy.
+pub fn inject_env(
+    spec: &mut PodSpec,
+    env: &[EnvVar],
+    policy: EnvVarsInjectionPolicy,
+) -> Result<(), String> {
+    if env.is_empty() {
+        return Ok(());
+    }
+    if policy == EnvVarsInjectionPolicy::Disallowed {
+        return Err(
+            "the template's envVarsInjectionPolicy is Disallowed: this claim may not set env"
+                .to_owned(),
+        );
+    }
+    for var in env {
+        let container = if var.container_name.is_empty() {
+            spec.containers.first_mut()
+        } else {
+            spec.containers
+                .iter_mut()
+                .find(|c| c.name == var.container_name)
+        };
+        let Some(container) = container else {
+            return Err(format!(
+                "env {:?}: the template has no container named {:?}",
+                var.name, var.container_name
+            ));
+        };
+        if policy == EnvVarsInjectionPolicy::Allowed
+            && container.env_from.as_ref().is_some_and(|e| !e.is_empty())
+        {
+            return Err(format!(
+                "container {:?} uses EnvFrom sources; Allowed policy cannot safely prevent overriding EnvFrom-provided variables",
+                container.name
+            ));
+        }
+        let vars = container.env.get_or_insert_with(Vec::new);
+        match vars.iter_mut().find(|existing| existing.name == var.name) {
+            Some(_) if policy != EnvVarsInjectionPolicy::Overrides => {
+                return Err(format!(
+                    "environment variable override is not allowed by the template policy for variable {:?}",
+                    var.name
+                ));
+            }
+            Some(existing) => {
+                *existing = KEnvVar {
+                    name: var.name.clone(),
+                    value: Some(var.value.clone()),
+                    value_from: None,
+                };
+            }
+            None => vars.push(KEnvVar {
+                name: var.name.clone(),
+                value: Some(var.value.clone()),
+                value_from: None,
+            }),
+        }
+    }
+    Ok(())
+}
+
+fn validate_vct_names(vcts: &[PersistentVolumeClaimTemplate]) -> Result<(), String> {
+    let mut seen = BTreeSet::new();
+    for vct in vcts {
+        if vct.metadata.name.is_empty() {
+            return Err("every volumeClaimTemplate needs metadata.name".to_owned());
+        }
+        if !seen.insert(vct.metadata.name.as_str()) {
+            return Err(format!(
+                "volumeClaimTemplate name {:?} is used twice",
+                vct.metadata.name
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The template's volume claim templates with the claim's merged in under the policy.
+pub fn merge_volume_claim_templates(
+    template: &[PersistentVolumeClaimTemplate],
+    claim: &[PersistentVolumeClaimTemplate],
+    policy: VolumeClaimTemplatesPolicy,
+) -> Result<Vec<PersistentVolumeClaimTemplate>, String> {
+    if claim.is_empty() {
+        return Ok(template.to_vec());
+    }
+    validate_vct_names(claim)?;
+    let mut merged = template.to_vec();
+    match policy {
+        VolumeClaimTemplatesPolicy::Disallowed => {
+            return Err("the template's volumeClaimTemplatesPolicy is Disallowed: this claim may not set volumeClaimTemplates".to_owned());
+        }
+        VolumeClaimTemplatesPolicy::Allowed => {
+            for vct in claim {
+                if template
+                    .iter()
+                    .any(|t| t.metadata.name == vct.metadata.name)
+                {
+                    return Err(format!(
+                        "volumeClaimTemplate {:?} is defined by the template; the Allowed policy does not permit overriding it",
+                        vct.metadata.name
+                    ));
+                }
+                merged.push(vct.clone());
+            }
+        }
+        VolumeClaimTemplatesPolicy::Overrides => {
+            for vct in claim {
+                match merged
+                    .iter_mut()
+                    .find(|t| t.metadata.name == vct.metadata.name)
+                {
+                    Some(existing) => *existing = vct.clone(),
+                    None => merged.push(vct.clone()),
+                }
+            }
+        }
+    }
+    Ok(merged)
+}
+
+/// Why a claim cannot get a sandbox, as its `Ready` reason.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClaimProblem {
+    /// The pool names a template that does not exist.
+    TemplateNotFound(String),
+    /// The claim names a pool that does not exist.
+    WarmPoolNotFound,
+    /// Another writer got to the chosen sandbox first (retried).
+    AdoptionConflict(String),
+    /// A sandbox was created and the cache has not shown it yet.
+    CreatePending,
+    /// `additionalPodMetadata` was rejected.
+    InvalidMetadata(String),
+    /// `env` was rejected.
+    EnvRejected(String),
+    /// `volumeClaimTemplates` were rejected.
+    VolumeClaimTemplates(String),
+    /// Any other failure.
+    Error(String),
+}
+
+impl ClaimProblem {
+    /// True for problems that will not go away without a change to the claim or template.
+    pub fn is_terminal(&self) -> bool {
+        matches!(
+            self,
+            Self::InvalidMetadata(_) | Self::EnvRejected(_) | Self::VolumeClaimTemplates(_)
+        )
+    }
+}
+
+/// The sandbox to create for a claim served cold: named after the claim, built from the
+/// template with the claim's metadata, env and volumes merged under the template's policies.
+pub fn cold_sandbox(
+    claim: &SandboxClaim,
+    template: &SandboxTemplate,
+    dns: &DnsMode,
+    allowed_domains: &[String],
+) -> Result<Sandbox, ClaimProblem> {
+    validate_additional_pod_metadata(&claim.spec.additional_pod_metadata, allowed_domains)
+        .map_err(ClaimProblem::InvalidMetadata)?;
+    let mut blueprint = template.spec.blueprint.clone();
+    blueprint.pod_template.metadata = merge_pod_metadata(
+        &blueprint.pod_template.metadata,
+        &claim.spec.additional_pod_metadata,
+    )
+    .map_err(ClaimProblem::InvalidMetadata)?;
+    blueprint.volume_claim_templates = merge_volume_claim_templates(
+        &blueprint.volume_claim_templates,
+        &claim.spec.volume_claim_templates,
+        template.spec.volume_claim_templates_policy,
+    )
+    .map_err(ClaimProblem::VolumeClaimTemplates)?;
+    inject_env(
+        &mut blueprint.pod_template.spec,
+        &claim.spec.env,
+        template.spec.env_vars_injection_policy,
+    )
+    .map_err(ClaimProblem::EnvRejected)?;
+    secure_defaults::apply(template, dns, &mut blueprint.pod_template.spec);
+
+    let template_name = template.metadata.name.clone().unwrap_or_default();
+    let mut sandbox_labels = BTreeMap::from([
+        (labels::CLAIM_UID.to_owned(), claim_uid(claim).to_owned()),
+        (
+            labels::LAUNCH_TYPE.to_owned(),
+            labels::LAUNCH_TYPE_COLD.to_owned(),
+        ),
+        (
+            labels::SANDBOX_TEMPLATE_REF_HASH.to_owned(),
+            name_hash(&template_name),
+        ),
+    ]);
+    if let Some(created_by) = claim
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(labels::CREATED_BY))
+    {
+        sandbox_labels.insert(labels::CREATED_BY.to_owned(), created_by.clone());
+    }
+    let mut sandbox_annotations =
+        BTreeMap::from([(annotations::SANDBOX_TEMPLATE_REF.to_owned(), template_name)]);
+    if let Some(trace) = claim
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(annotations::TRACE_CONTEXT))
+    {
+        sandbox_annotations.insert(annotations::TRACE_CONTEXT.to_owned(), trace.clone());
+    }
+    Ok(Sandbox {
+        metadata: ObjectMeta {
+            name: claim.metadata.name.clone(),
+            namespace: claim.metadata.namespace.clone(),
+            labels: Some(sandbox_labels),
+            annotations: Some(sandbox_annotations),
+            owner_references: Some(vec![controller_reference(claim)]),
+            ..ObjectMeta::default()
+        },
+        spec: agent_sandbox_api::SandboxSpec {
+            blueprint,
+            ..Default::default()
+        },
+        status: None,
+    })
+}
+
+fn created(sandbox: &Sandbox) -> Timestamp {
+    sandbox
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map_or(Timestamp::UNIX_EPOCH, |t| t.0)
+}
+
+/// True when `sandbox` is an unclaimed member of `pool` that a claim may adopt.
+pub fn is_candidate(sandbox: &Sandbox, pool: &SandboxWarmPool) -> bool {
+    let Some(owner) = controller_of(&sandbox.metadata) else {
+        return false;
+    };
+    let has_label = |key: &str| {
+        sandbox
+            .metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(key))
+    };
+    owner.kind == "SandboxWarmPool"
+        && owner.uid == pool.metadata.uid.clone().unwrap_or_default()
+        && sandbox.metadata.namespace == pool.metadata.namespace
+        && sandbox.metadata.deletion_timestamp.is_none()
+        && has_label(labels::WARM_POOL_SANDBOX)
+        && has_label(labels::SANDBOX_TEMPLATE_REF_HASH)
+}
+
+/// What a claim does this pass.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Pick {
+    /// Adopt these candidates, in this order (the first write that succeeds wins).
+    Adopt(Vec<String>),
+    /// Wait this long for a member to become Ready, then pick again.
+    Wait(Duration),
+    /// Build a sandbox for this claim.
+    Cold,
+}
+
+/// Chooses among `candidates` (members of the claim's pool, see [`is_candidate`]): Ready ones
+/// first, oldest first; if only members still starting exist, wait up to `warm_wait` after the
+/// claim's creation for one to become Ready, then take the oldest; with no members, go cold.
+pub fn pick(
+    claim: &SandboxClaim,
+    pool: &SandboxWarmPool,
+    template: Option<&SandboxTemplate>,
+    candidates: &[&Sandbox],
+    dns: &DnsMode,
+    warm_wait: Duration,
+    now: Timestamp,
+) -> Pick {
+    if needs_cold_start(claim) {
+        return Pick::Cold;
+    }
+    let recreate = pool.spec.update_strategy_type() == UpdateStrategyType::Recreate;
+    let mut usable: Vec<&Sandbox> = candidates
+        .iter()
+        .copied()
+        .filter(|c| !(recreate && template.is_some_and(|t| is_stale(c, t, dns))))
+        .collect();
+    usable.sort_by(|a, b| {
+        is_ready(b)
+            .cmp(&is_ready(a))
+            .then(created(a).cmp(&created(b)))
+            .then(a.metadata.name.cmp(&b.metadata.name))
+    });
+    let names = |list: &[&Sandbox]| {
+        list.iter()
+            .filter_map(|c| c.metadata.name.clone())
+            .collect::<Vec<_>>()
+    };
+    if usable.is_empty() {
+        return Pick::Cold;
+    }
+    if usable.iter().any(|c| is_ready(c)) {
+        let ready: Vec<&Sandbox> = usable.iter().copied().filter(|c| is_ready(c)).collect();
+        return Pick::Adopt(names(&ready));
+    }
+    let claimed_at = claim
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map_or(now, |t| t.0);
+    let deadline = Timestamp::from_nanosecond(
+        claimed_at.as_nanosecond() + i128::try_from(warm_wait.as_nanos()).unwrap_or(0),
+    )
+    .unwrap_or(now);
+    match remaining(deadline, now) {
+        Some(left) => Pick::Wait(left),
+        None => Pick::Adopt(names(&usable)),
+    }
+}
+
+/// The one write that gives `sandbox` to `claim`: conditional on the resourceVersion it was
+/// chosen on; moves the controller reference; drops the pool labels; records the claim.
+///
+/// The pod template changes (and the pod is patched) only when the claim adds pod metadata or the
+/// member carried the safe-to-evict annotation, so a plain warm claim does not touch the live
+/// pod.
+pub fn adoption_patch(
+    sandbox: &Sandbox,
+    claim: &SandboxClaim,
+    allowed_domains: &[String],
+) -> Result<Value, ClaimProblem> {
+    validate_additional_pod_metadata(&claim.spec.additional_pod_metadata, allowed_domains)
+        .map_err(ClaimProblem::InvalidMetadata)?;
+    let sandbox_name = sandbox.metadata.name.clone().unwrap_or_default();
+    let mut annotations_patch =
+        Map::from_iter([(annotations::POD_NAME.to_owned(), json!(sandbox_name))]);
+    if let Some(trace) = claim
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(annotations::TRACE_CONTEXT))
+    {
+        annotations_patch.insert(annotations::TRACE_CONTEXT.to_owned(), json!(trace));
+    }
+    let mut patch = json!({
+        "metadata": {
+            "resourceVersion": sandbox.metadata.resource_version,
+            "ownerReferences": [controller_reference(claim)],
+            "labels": {
+                labels::WARM_POOL_SANDBOX: null,
+                labels::SANDBOX_POD_TEMPLATE_HASH: null,
+                labels::SANDBOX_TEMPLATE_HASH: null,
+                labels::LAUNCH_TYPE: labels::LAUNCH_TYPE_WARM,
+                labels::CLAIM_UID: claim_uid(claim),
+            },
+            "annotations": annotations_patch,
+        }
+    });
+
+    let current = &sandbox.spec.blueprint.pod_template.metadata;
+    let mut base = current.clone();
+    base.annotations.remove(annotations::SAFE_TO_EVICT);
+    let wanted = merge_pod_metadata(&base, &claim.spec.additional_pod_metadata)
+        .map_err(ClaimProblem::InvalidMetadata)?;
+    if &wanted != current {
+        let diff = |have: &BTreeMap<String, String>, want: &BTreeMap<String, String>| {
+            let mut map = Map::new();
+            for (k, v) in want {
+                if have.get(k) != Some(v) {
+                    map.insert(k.clone(), json!(v));
+                }
+            }
+            for k in have.keys().filter(|k| !want.contains_key(*k)) {
+                map.insert(k.clone(), Value::Null);
+            }
+            map
+        };
+        let mut metadata = Map::new();
+        let label_diff = diff(&current.labels, &wanted.labels);
+        let annotation_diff = diff(&current.annotations, &wanted.annotations);
+        if !label_diff.is_empty() {
+            metadata.insert("labels".into(), Value::Object(label_diff));
+        }
+        if !annotation_diff.is_empty() {
+            metadata.insert("annotations".into(), Value::Object(annotation_diff));
+        }
+        patch["spec"] = json!({"podTemplate": {"metadata": metadata}});
+    }
+    Ok(patch)
+}
+
+/// When the claim expires: its `shutdownTime`, or `ttlSecondsAfterFinished` after its sandbox
+/// finished, whichever is earlier.
+pub fn expires_at(claim: &SandboxClaim, sandbox: Option<&Sandbox>) -> Option<Timestamp> {
+    let lifecycle = claim.spec.lifecycle.as_ref()?;
+    let absolute = lifecycle.shutdown_time.as_ref().map(|t| t.0);
+    let after_finish = lifecycle.ttl_seconds_after_finished.and_then(|ttl| {
+        let finished = sandbox
+            .and_then(|s| s.status.as_ref())
+            .and_then(|status| find_condition(&status.conditions, sandbox_cond::FINISHED))
+            .or_else(|| {
+                claim
+                    .status
+                    .as_ref()
+                    .and_then(|status| find_condition(&status.conditions, claim_cond::FINISHED))
+            })
+            .filter(|condition| condition.status == "True")?;
+        finished
+            .last_transition_time
+            .0
+            .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(i64::from(ttl)))
+            .ok()
+    });
+    match (absolute, after_finish) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// The claim's shutdown policy (default `Retain`).
+pub fn shutdown_policy(claim: &SandboxClaim) -> ClaimShutdownPolicy {
+    claim
+        .spec
+        .lifecycle
+        .as_ref()
+        .map(|l| l.shutdown_policy)
+        .unwrap_or_default()
+}
+
+/// True when the claim's status already says it expired.
+pub fn marked_expired(claim: &SandboxClaim) -> bool {
+    claim
+        .status
+        .as_ref()
+        .and_then(|status| find_condition(&status.conditions, claim_cond::READY))
+        .is_some_and(|ready| ready.reason == claim_cond::REASON_CLAIM_EXPIRED)
+}
+
+fn ready_condition(
+    claim: &SandboxClaim,
+    sandbox: Option<&Sandbox>,
+    problem: Option<&ClaimProblem>,
+    expired: bool,
+) -> Condition {
+    let generation = claim.metadata.generation;
+    let not_ready = |reason: &str, message: String| {
+        condition(claim_cond::READY, false, reason, message, generation)
+    };
+    if let Some(problem) = problem {
+        return match problem {
+            ClaimProblem::TemplateNotFound(message) => {
+                not_ready(claim_cond::REASON_TEMPLATE_NOT_FOUND, message.clone())
+            }
+            ClaimProblem::WarmPoolNotFound => not_ready(
+                claim_cond::REASON_WARM_POOL_NOT_FOUND,
+                format!(
+                    "SandboxWarmPool {:?} not found",
+                    claim.spec.warm_pool_ref.name
+                ),
+            ),
+            ClaimProblem::AdoptionConflict(message) => not_ready(
+                claim_cond::REASON_ADOPTION_CONFLICT,
+                format!("{message}; the next pass retries from a converged view"),
+            ),
+            ClaimProblem::CreatePending => not_ready(
+                claim_cond::REASON_SANDBOX_CREATE_PENDING,
+                "Sandbox already created; waiting for cache to converge".into(),
+            ),
+            ClaimProblem::InvalidMetadata(message) => {
+                not_ready(claim_cond::REASON_INVALID_METADATA, message.clone())
+            }
+            ClaimProblem::EnvRejected(message) => not_ready(
+                claim_cond::REASON_ENV_VARS_INJECTION_REJECTED,
+                message.clone(),
+            ),
+            ClaimProblem::VolumeClaimTemplates(message) => not_ready(
+                claim_cond::REASON_VOLUME_CLAIM_TEMPLATES_ERROR,
+                message.clone(),
+            ),
+            ClaimProblem::Error(message) => not_ready(
+                claim_cond::REASON_RECONCILER_ERROR,
+                format!("Error seen: {message}"),
+            ),
+        };
+    }
+    if expired {
+        return not_ready(
+            claim_cond::REASON_CLAIM_EXPIRED,
+            "Claim expired. Sandbox cleanup initiated.".into(),
+        );
+    }
+    let Some(sandbox) = sandbox else {
+        return not_ready(
+            claim_cond::REASON_SANDBOX_MISSING,
+            "Sandbox does not exist".into(),
+        );
+    };
+    let conditions = sandbox
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    match find_condition(conditions, sandbox_cond::READY) {
+        Some(ready) if ready.reason == sandbox_cond::REASON_EXPIRED => not_ready(
+            claim_cond::REASON_SANDBOX_EXPIRED,
+            "Underlying Sandbox resource has expired independently of the Claim.".into(),
+        ),
+        Some(ready) => {
+            let mut copy = ready.clone();
+            copy.observed_generation = generation;
+            copy
+        }
+        None => not_ready(
+            claim_cond::REASON_SANDBOX_NOT_READY,
+            "Sandbox is not ready".into(),
+        ),
+    }
+}
+
+/// The claim's status after a pass that found `sandbox` (or not) and hit `problem` (or not).
+pub fn status(
+    claim: &SandboxClaim,
+    sandbox: Option<&Sandbox>,
+    problem: Option<&ClaimProblem>,
+    expired: bool,
+    now: Timestamp,
+) -> SandboxClaimStatus {
+    let mut status = claim.status.clone().unwrap_or_default();
+    if matches!(problem, Some(ClaimProblem::CreatePending)) && !status.sandbox.name.is_empty() {
+        return status;
+    }
+    set_condition(
+        &mut status.conditions,
+        ready_condition(claim, sandbox, problem, expired),
+        now,
+    );
+    match sandbox {
+        Some(sandbox) => {
+            let finished = sandbox
+                .status
+                .as_ref()
+                .and_then(|s| find_condition(&s.conditions, sandbox_cond::FINISHED))
+                .cloned();
+            match finished {
+                Some(finished) => set_condition(&mut status.conditions, finished, now),
+                None => remove_condition(&mut status.conditions, claim_cond::FINISHED),
+            }
+            status.sandbox = ClaimedSandbox {
+                name: sandbox.metadata.name.clone().unwrap_or_default(),
+                pod_ips: sandbox
+                    .status
+                    .as_ref()
+                    .map(|s| s.pod_ips.clone())
+                    .unwrap_or_default(),
+            };
+        }
+        None => {
+            if !expired {
+                remove_condition(&mut status.conditions, claim_cond::FINISHED);
+            }
+            if problem.is_none() {
+                status.sandbox = ClaimedSandbox::default();
+            }
+        }
+    }
+    status
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decide::fixtures::{now, pod_spec, sandbox};
+    use crate::decide::warm_pool::{MemberSettings, member};
+    use agent_sandbox_api::claim::{ClaimLifecycle, SandboxWarmPoolRef};
+    use agent_sandbox_api::sandbox::{
+        EmbeddedObjectMetadata, PodTemplate, SandboxBlueprint, SandboxStatus,
+    };
+    use agent_sandbox_api::warm_pool::SandboxTemplateRef;
+    use agent_sandbox_api::{SandboxClaimSpec, SandboxTemplateSpec, SandboxWarmPoolSpec};
+    use k8s_openapi::api::core::v1::EnvFromSource;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use pretty_assertions::assert_eq;
+
+    fn dns() -> DnsMode {
+        DnsMode::Public(vec!["8.8.8.8".into()])
+    }
+
+    fn allowed() -> Vec<String> {
+        vec!["sandbox.users.io".into()]
+    }
+
+    fn template() -> SandboxTemplate {
+        let mut t = SandboxTemplate::new(
+            "python",
+            SandboxTemplateSpec {
+                blueprint: SandboxBlueprint {
+                    pod_template: PodTemplate {
+                        spec: pod_spec(),
+                        ..PodTemplate::default()
+                    },
+                    ..SandboxBlueprint::default()
+                },
+                ..SandboxTemplateSpec::default()
+            },
+        );
+        t.metadata.namespace = Some("default".into());
+        t
+    }
+
+    fn pool() -> SandboxWarmPool {
+        let mut p = SandboxWarmPool::new(
+            "pool",
+            SandboxWarmPoolSpec {
+                replicas: 2,
+                sandbox_template_ref: SandboxTemplateRef {
+                    name: "python".into(),
+                },
+                update_strategy: None,
+            },
+        );
+        p.metadata.namespace = Some("default".into());
+        p.metadata.uid = Some("pool-uid".into());
+        p
+    }
+
+    fn claim(age_secs: i64) -> SandboxClaim {
+        let mut c = SandboxClaim::new(
+            "claim-a",
+            SandboxClaimSpec {
+                warm_pool_ref: SandboxWarmPoolRef {
+                    name: "pool".into(),
+                },
+                ..SandboxClaimSpec::default()
+            },
+        );
+        c.metadata.namespace = Some("default".into());
+        c.metadata.uid = Some("claim-uid".into());
+        c.metadata.generation = Some(1);
+        c.metadata.labels = Some(BTreeMap::from([(
+            labels::CREATED_BY.into(),
+            "rust-client".into(),
+        )]));
+        c.metadata.creation_timestamp = Some(Time(
+            now() - k8s_openapi::jiff::SignedDuration::from_secs(age_secs),
+        ));
+        c
+    }
+
+    fn warm(name: &str, age_secs: i64, ready: bool) -> Sandbox {
+        let mut m = member(
+            &pool(),
+            &template(),
+            &MemberSettings {
+                dns: dns(),
+                safe_to_evict: false,
+            },
+        );
+        m.metadata.name = Some(name.into());
+        m.metadata.resource_version = Some("42".into());
+        m.metadata.creation_timestamp = Some(Time(
+            now() - k8s_openapi::jiff::SignedDuration::from_secs(age_secs),
+        ));
+        let mut status = SandboxStatus::default();
+        set_condition(
+            &mut status.conditions,
+            condition("Ready", ready, "DependenciesReady", "Pod is Ready", Some(1)),
+            now(),
+        );
+        status.pod_ips = vec!["127.1.2.3".into()];
+        m.status = Some(status);
+        m
+    }
+
+    #[test]
+    fn metadata_validation_matches_upstream_rules() {
+        let ok = PodMetadata {
+            labels: BTreeMap::from([
+                ("sandbox.users.io/session".into(), "abc".into()),
+                ("team.sandbox.users.io/x".into(), "y".into()),
+            ]),
+            annotations: BTreeMap::from([
+                (annotations::SAFE_TO_EVICT.into(), "false".into()),
+                ("example.com/note".into(), "hi there".into()),
+            ]),
+        };
+        assert_eq!(validate_additional_pod_metadata(&ok, &allowed()), Ok(()));
+        let bad = |labels: &[(&str, &str)], annotations: &[(&str, &str)]| {
+            let meta = PodMetadata {
+                labels: labels
+                    .iter()
+                    .map(|(k, v)| ((*k).into(), (*v).into()))
+                    .collect(),
+                annotations: annotations
+                    .iter()
+                    .map(|(k, v)| ((*k).into(), (*v).into()))
+                    .collect(),
+            };
+            validate_additional_pod_metadata(&meta, &allowed()).unwrap_err()
+        };
+        assert!(bad(&[("team", "a")], &[]).contains("must have a domain prefix"));
+        assert!(bad(&[("example.com/x", "a")], &[]).contains("not in the allowlist"));
+        assert!(bad(&[("app", "sandbox-router")], &[]).contains("restricted system label value"));
+        assert!(bad(&[("sandbox.users.io/x", "not valid!")], &[]).contains("invalid label value"));
+        assert!(
+            bad(&[], &[("agents.x-k8s.io/pod-name", "x")]).contains("restricted system domain")
+        );
+        assert!(bad(&[], &[("node.kubernetes.io/x", "x")]).contains("restricted system domain"));
+    }
+
+    #[test]
+    fn env_injection_follows_the_policy() {
+        let var = |name: &str| EnvVar {
+            name: name.into(),
+            value: "1".into(),
+            container_name: String::new(),
+        };
+        let mut spec = pod_spec();
+        spec.containers[0].env = Some(vec![KEnvVar {
+            name: "EXISTING".into(),
+            value: Some("0".into()),
+            value_from: None,
+        }]);
+        assert!(
+            inject_env(
+                &mut spec.clone(),
+                &[var("NEW")],
+                EnvVarsInjectionPolicy::Disallowed
+            )
+            .unwrap_err()
+            .contains("Disallowed")
+        );
+        let mut allowed_spec = spec.clone();
+        inject_env(
+            &mut allowed_spec,
+            &[var("NEW")],
+            EnvVarsInjectionPolicy::Allowed,
+        )
+        .unwrap();
+        assert_eq!(allowed_spec.containers[0].env.as_ref().unwrap().len(), 2);
+        assert!(
+            inject_env(
+                &mut spec.clone(),
+                &[var("EXISTING")],
+                EnvVarsInjectionPolicy::Allowed
+            )
+            .unwrap_err()
+            .contains("override")
+        );
+        let mut overridden = spec.clone();
+        inject_env(
+            &mut overridden,
+            &[var("EXISTING")],
+            EnvVarsInjectionPolicy::Overrides,
+        )
+        .unwrap();
+        assert_eq!(
+            overridden.containers[0].env.as_ref().unwrap()[0]
+                .value
+                .as_deref(),
+            Some("1")
+        );
+        let unknown = EnvVar {
+            name: "X".into(),
+            value: "1".into(),
+            container_name: "nope".into(),
+        };
+        assert!(
+            inject_env(
+                &mut spec.clone(),
+                &[unknown],
+                EnvVarsInjectionPolicy::Overrides
+            )
+            .unwrap_err()
+            .contains("no container")
+        );
+        let mut env_from = spec.clone();
+        env_from.containers[0].env_from = Some(vec![EnvFromSource::default()]);
+        assert!(
+            inject_env(
+                &mut env_from,
+                &[var("NEW")],
+                EnvVarsInjectionPolicy::Allowed
+            )
+            .unwrap_err()
+            .contains("EnvFrom")
+        );
+    }
+
+    #[test]
+    fn volume_claim_template_merges() {
+        let vct = |name: &str, size: &str| PersistentVolumeClaimTemplate {
+            metadata: EmbeddedObjectMetadata {
+                name: name.into(),
+                ..Default::default()
+            },
+            spec: k8s_openapi::api::core::v1::PersistentVolumeClaimSpec {
+                storage_class_name: Some(size.into()),
+                ..Default::default()
+            },
+        };
+        let base = vec![vct("data", "a")];
+        assert_eq!(
+            merge_volume_claim_templates(&base, &[], VolumeClaimTemplatesPolicy::Disallowed)
+                .unwrap(),
+            base
+        );
+        assert!(
+            merge_volume_claim_templates(
+                &base,
+                &[vct("x", "b")],
+                VolumeClaimTemplatesPolicy::Disallowed
+            )
+            .is_err()
+        );
+        assert_eq!(
+            merge_volume_claim_templates(
+                &base,
+                &[vct("x", "b")],
+                VolumeClaimTemplatesPolicy::Allowed
+            )
+            .unwrap()
+            .len(),
+            2
+        );
+        assert!(
+            merge_volume_claim_templates(
+                &base,
+                &[vct("data", "b")],
+                VolumeClaimTemplatesPolicy::Allowed
+            )
+            .is_err()
+        );
+        let over = merge_volume_claim_templates(
+            &base,
+            &[vct("data", "b")],
+            VolumeClaimTemplatesPolicy::Overrides,
+        )
+        .unwrap();
+        assert_eq!(over, vec![vct("data", "b")]);
+        assert!(
+            merge_volume_claim_templates(
+                &base,
+                &[vct("", "b")],
+                VolumeClaimTemplatesPolicy::Overrides
+            )
+            .is_err()
+        );
+        assert!(
+            merge_volume_claim_templates(
+                &base,
+                &[vct("y", "b"), vct("y", "c")],
+                VolumeClaimTemplatesPolicy::Overrides
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn cold_sandbox_is_named_after_the_claim_and_owned_by_it() {
+        let mut c = claim(0);
+        c.spec.env = vec![EnvVar {
+            name: "TASK".into(),
+            value: "42".into(),
+            container_name: String::new(),
+        }];
+        let mut t = template();
+        t.spec.env_vars_injection_policy = EnvVarsInjectionPolicy::Allowed;
+        let sb = cold_sandbox(&c, &t, &dns(), &allowed()).unwrap();
+        assert_eq!(sb.metadata.name.as_deref(), Some("claim-a"));
+        let l = sb.metadata.labels.clone().unwrap();
+        assert_eq!(l[labels::LAUNCH_TYPE], "cold");
+        assert_eq!(l[labels::CLAIM_UID], "claim-uid");
+        assert_eq!(l[labels::CREATED_BY], "rust-client");
+        assert_eq!(
+            sb.metadata.owner_references.as_ref().unwrap()[0].kind,
+            "SandboxClaim"
+        );
+        let env = sb.spec.blueprint.pod_template.spec.containers[0]
+            .env
+            .clone()
+            .unwrap();
+        assert_eq!(env[0].name, "TASK");
+        assert_eq!(
+            sb.spec
+                .blueprint
+                .pod_template
+                .spec
+                .automount_service_account_token,
+            Some(false)
+        );
+        let rejected = cold_sandbox(&c, &template(), &dns(), &allowed()).unwrap_err();
+        assert!(matches!(rejected, ClaimProblem::EnvRejected(_)));
+    }
+
+    #[test]
+    fn picks_ready_members_first_oldest_first() {
+        let (a, b, c) = (
+            warm("a", 30, false),
+            warm("b", 20, true),
+            warm("c", 40, true),
+        );
+        let chosen = pick(
+            &claim(0),
+            &pool(),
+            Some(&template()),
+            &[&a, &b, &c],
+            &dns(),
+            Duration::from_secs(2),
+            now(),
+        );
+        assert_eq!(chosen, Pick::Adopt(vec!["c".into(), "b".into()]));
+    }
+
+    #[test]
+    fn waits_for_starting_members_then_takes_the_oldest() {
+        let (a, b) = (warm("a", 30, false), warm("b", 40, false));
+        let fresh = pick(
+            &claim(0),
+            &pool(),
+            Some(&template()),
+            &[&a, &b],
+            &dns(),
+            Duration::from_secs(2),
+            now(),
+        );
+        assert_eq!(fresh, Pick::Wait(Duration::from_secs(2)));
+        let late = pick(
+            &claim(3),
+            &pool(),
+            Some(&template()),
+            &[&a, &b],
+            &dns(),
+            Duration::from_secs(2),
+            now(),
+        );
+        assert_eq!(late, Pick::Adopt(vec!["b".into(), "a".into()]));
+        assert_eq!(
+            pick(
+                &claim(0),
+                &pool(),
+                Some(&template()),
+                &[],
+                &dns(),
+                Duration::from_secs(2),
+                now()
+            ),
+            Pick::Cold
+        );
+        let mut with_env = claim(0);
+        with_env.spec.env = vec![EnvVar::default()];
+        assert_eq!(
+            pick(
+                &with_env,
+                &pool(),
+                Some(&template()),
+                &[&a],
+                &dns(),
+                Duration::from_secs(2),
+                now()
+            ),
+            Pick::Cold
+        );
+    }
+
+    #[test]
+    fn candidates_belong_to_the_pool_and_are_not_deleting() {
+        let m = warm("a", 1, true);
+        assert!(is_candidate(&m, &pool()));
+        let mut deleting = m.clone();
+        deleting.metadata.deletion_timestamp = Some(Time(now()));
+        assert!(!is_candidate(&deleting, &pool()));
+        let mut other_pool = pool();
+        other_pool.metadata.uid = Some("other".into());
+        assert!(!is_candidate(&m, &other_pool));
+        assert!(!is_candidate(&sandbox("plain"), &pool()));
+    }
+
+    #[test]
+    fn plain_adoption_touches_metadata_only() {
+        let m = warm("pool-x1", 10, true);
+        let patch = adoption_patch(&m, &claim(0), &allowed()).unwrap();
+        assert_eq!(
+            patch,
+            json!({"metadata": {
+                "resourceVersion": "42",
+                "ownerReferences": [{"apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxClaim",
+                    "name": "claim-a", "uid": "claim-uid", "controller": true, "blockOwnerDeletion": true}],
+                "labels": {
+                    "agents.x-k8s.io/warm-pool-sandbox": null,
+                    "agents.x-k8s.io/sandbox-pod-template-hash": null,
+                    "agents.x-k8s.io/sandbox-template-hash": null,
+                    "agents.x-k8s.io/launch-type": "warm",
+                    "agents.x-k8s.io/claim-uid": "claim-uid",
+                },
+                "annotations": {"agents.x-k8s.io/pod-name": "pool-x1"},
+            }})
+        );
+    }
+
+    #[test]
+    fn adoption_with_pod_metadata_or_evictable_member_patches_the_pod_template() {
+        let mut m = warm("pool-x1", 10, true);
+        m.spec
+            .blueprint
+            .pod_template
+            .metadata
+            .annotations
+            .insert(annotations::SAFE_TO_EVICT.into(), "true".into());
+        let mut c = claim(0);
+        c.spec
+            .additional_pod_metadata
+            .labels
+            .insert("sandbox.users.io/session".into(), "s1".into());
+        let patch = adoption_patch(&m, &c, &allowed()).unwrap();
+        assert_eq!(
+            patch["spec"],
+            json!({"podTemplate": {"metadata": {
+                "labels": {"sandbox.users.io/session": "s1"},
+                "annotations": {annotations::SAFE_TO_EVICT: null},
+            }}})
+        );
+    }
+
+    #[test]
+    fn expiry_takes_the_earlier_of_the_two_deadlines() {
+        let mut c = claim(0);
+        assert_eq!(expires_at(&c, None), None);
+        let at: Timestamp = "2026-11-29T12:10:00Z".parse().unwrap();
+        c.spec.lifecycle = Some(ClaimLifecycle {
+            shutdown_time: Some(Time(at)),
+            ttl_seconds_after_finished: Some(60),
+            shutdown_policy: ClaimShutdownPolicy::Delete,
+        });
+        assert_eq!(expires_at(&c, None), Some(at));
+        let mut finished = warm("x", 1, false);
+        set_condition(
+            &mut finished.status.as_mut().unwrap().conditions,
+            condition("Finished", true, "PodSucceeded", "", Some(1)),
+            now(),
+        );
+        assert_eq!(
+            expires_at(&c, Some(&finished)),
+            Some("2026-11-29T12:01:00Z".parse().unwrap())
+        );
+        assert_eq!(shutdown_policy(&c), ClaimShutdownPolicy::Delete);
+    }
+
+    #[test]
+    fn status_mirrors_the_sandbox() {
+        let m = warm("pool-x1", 10, true);
+        let s = status(&claim(0), Some(&m), None, false, now());
+        assert_eq!(
+            s.sandbox,
+            ClaimedSandbox {
+                name: "pool-x1".into(),
+                pod_ips: vec!["127.1.2.3".into()]
+            }
+        );
+        let ready = find_condition(&s.conditions, claim_cond::READY).unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("True", "DependenciesReady")
+        );
+        let missing = status(
+            &claim(0),
+            None,
+            Some(&ClaimProblem::WarmPoolNotFound),
+            false,
+            now(),
+        );
+        let ready = find_condition(&missing.conditions, claim_cond::READY).unwrap();
+        assert_eq!(
+            (ready.reason.as_str(), ready.message.as_str()),
+            ("WarmPoolNotFound", "SandboxWarmPool \"pool\" not found")
+        );
+        let expired = status(&claim(0), None, None, true, now());
+        assert_eq!(
+            find_condition(&expired.conditions, claim_cond::READY)
+                .unwrap()
+                .reason,
+            "ClaimExpired"
+        );
+        assert!(ClaimProblem::EnvRejected(String::new()).is_terminal());
+        assert!(!ClaimProblem::WarmPoolNotFound.is_terminal());
+    }
+}

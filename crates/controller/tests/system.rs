@@ -1,0 +1,988 @@
+//! System tests: the controller against the simulated cluster, with the real runtime as the pod
+//! process of every sandbox.
+//!
+//! Each test starts its own sim and controller; dropping the harness stops the controller and
+//! the sim, which kills every pod process.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use agent_sandbox_api::claim::{ClaimLifecycle, ClaimShutdownPolicy, EnvVar, SandboxWarmPoolRef};
+use agent_sandbox_api::conditions::{claim as claim_cond, sandbox as sandbox_cond};
+use agent_sandbox_api::sandbox::{
+    EmbeddedObjectMetadata, OperatingMode, PersistentVolumeClaimTemplate, PodTemplate,
+    SandboxBlueprint, ShutdownPolicy,
+};
+use agent_sandbox_api::template::EnvVarsInjectionPolicy;
+use agent_sandbox_api::warm_pool::SandboxTemplateRef;
+use agent_sandbox_api::{
+    Sandbox, SandboxClaim, SandboxClaimSpec, SandboxSpec, SandboxTemplate, SandboxTemplateSpec,
+    SandboxWarmPool, SandboxWarmPoolSpec, labels, name_hash,
+};
+use agent_sandbox_controller::Config;
+use agent_sandbox_sim::{Program, Sim, SimConfig, runtime_entry, test_support::workspace_binary};
+use k8s_openapi::api::core::v1::{
+    Container, ContainerPort, PersistentVolumeClaim, PersistentVolumeClaimSpec, Pod, PodSpec,
+    VolumeResourceRequirements,
+};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::json;
+use tokio::task::JoinHandle;
+
+const NS: &str = "default";
+const WAIT: Duration = Duration::from_secs(60);
+
+struct Harness {
+    sim: Sim,
+    client: Client,
+    controller: Option<JoinHandle<()>>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    config: Config,
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.kill_controller();
+    }
+}
+
+impl Harness {
+    async fn start() -> Self {
+        Self::start_with(Config::default()).await
+    }
+
+    async fn start_with(config: Config) -> Self {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                    tracing_subscriber::EnvFilter::new(
+                        "agent_sandbox_controller=debug,kube_runtime=debug",
+                    )
+                }),
+            )
+            .with_test_writer()
+            .try_init();
+        let runtime = workspace_binary("agent-sandbox-runtime", "sandbox-runtime").unwrap();
+        let sim = Sim::start(
+            SimConfig::default().image(runtime_entry("*runtime*", Program::Path(runtime))),
+        )
+        .await
+        .unwrap();
+        sim.apply_crds().unwrap();
+        let client = sim.client().unwrap();
+        let mut harness = Self {
+            sim,
+            client,
+            controller: None,
+            stop: None,
+            config,
+        };
+        harness.start_controller();
+        harness
+    }
+
+    /// Starts (or restarts) the controller in this process.
+    fn start_controller(&mut self) {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let client = self.client.clone();
+        let config = self.config.clone();
+        self.controller = Some(tokio::spawn(async move {
+            let shutdown = async move {
+                let _ = stopped.await;
+            };
+            if let Err(error) = agent_sandbox_controller::run(client, config, shutdown).await {
+                panic!("controller failed: {error}");
+            }
+        }));
+        self.stop = Some(stop);
+    }
+
+    /// Kills the controller abruptly (in-flight requests are dropped), as a crash would.
+    fn kill_controller(&mut self) {
+        if let Some(task) = self.controller.take() {
+            task.abort();
+        }
+        self.stop = None;
+    }
+
+    /// A guard that prints sandboxes, pods and pod logs if the test panics.
+    fn dump_on_panic(&self) -> DumpOnPanic {
+        let sandboxes: Api<Sandbox> = self.api();
+        let pods: Api<Pod> = self.api();
+        DumpOnPanic(Some(Box::pin(async move {
+            for s in sandboxes.list(&Default::default()).await.unwrap().items {
+                eprintln!(
+                    "sandbox {} owner={:?} status={:?}",
+                    s.name_any(),
+                    s.metadata.owner_references.map(|o| o[0].kind.clone()),
+                    s.status.map(|st| st
+                        .conditions
+                        .iter()
+                        .map(|c| format!("{}={}/{}: {}", c.type_, c.status, c.reason, c.message))
+                        .collect::<Vec<_>>())
+                );
+            }
+            for p in pods.list(&Default::default()).await.unwrap().items {
+                let name = p.name_any();
+                eprintln!(
+                    "pod {name} uid={:?} deleting={} status={:#?}",
+                    p.metadata.uid,
+                    p.metadata.deletion_timestamp.is_some(),
+                    p.status
+                );
+                if let Ok(log) = pods.logs(&name, &Default::default()).await {
+                    eprintln!("pod {name} log:\n{log}");
+                }
+            }
+        })))
+    }
+
+    fn api<K>(&self) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.client.clone(), NS)
+    }
+}
+
+/// Prints cluster state when a wait fails, to tell a slow cluster from a stuck controller.
+struct DumpOnPanic(Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>>);
+
+impl Drop for DumpOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking()
+            && let Some(dump) = self.0.take()
+        {
+            let handle = tokio::runtime::Handle::current();
+            std::thread::scope(|scope| {
+                scope.spawn(|| handle.block_on(dump));
+            });
+        }
+    }
+}
+
+/// Polls `get` until `check` holds, for at most [`WAIT`].
+async fn wait_for<T, F, Fut>(what: &str, mut get: F, check: impl Fn(&T) -> bool) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+    T: std::fmt::Debug,
+{
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut last = None;
+    loop {
+        if let Some(value) = get().await {
+            if check(&value) {
+                return value;
+            }
+            last = Some(value);
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out after {WAIT:?} waiting for {what}; last seen: {last:#?}");
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+async fn get<K>(api: &Api<K>, name: &str) -> Option<K>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.get_opt(name).await.unwrap()
+}
+
+fn runtime_pod_spec() -> PodSpec {
+    PodSpec {
+        containers: vec![Container {
+            name: "runtime".into(),
+            image: Some("registry.example.com/python-runtime:latest".into()),
+            ports: Some(vec![ContainerPort {
+                container_port: 8888,
+                ..ContainerPort::default()
+            }]),
+            ..Container::default()
+        }],
+        ..PodSpec::default()
+    }
+}
+
+fn template(name: &str) -> SandboxTemplate {
+    SandboxTemplate::new(
+        name,
+        SandboxTemplateSpec {
+            blueprint: SandboxBlueprint {
+                pod_template: PodTemplate {
+                    spec: runtime_pod_spec(),
+                    ..PodTemplate::default()
+                },
+                ..SandboxBlueprint::default()
+            },
+            ..SandboxTemplateSpec::default()
+        },
+    )
+}
+
+fn pool(name: &str, template: &str, replicas: i32) -> SandboxWarmPool {
+    SandboxWarmPool::new(
+        name,
+        SandboxWarmPoolSpec {
+            replicas,
+            sandbox_template_ref: SandboxTemplateRef {
+                name: template.into(),
+            },
+            update_strategy: None,
+        },
+    )
+}
+
+fn claim(name: &str, pool: &str) -> SandboxClaim {
+    let mut claim = SandboxClaim::new(
+        name,
+        SandboxClaimSpec {
+            warm_pool_ref: SandboxWarmPoolRef { name: pool.into() },
+            ..SandboxClaimSpec::default()
+        },
+    );
+    claim.metadata.labels = Some(BTreeMap::from([(
+        labels::CREATED_BY.into(),
+        labels::CREATED_BY_RUST_CLIENT.into(),
+    )]));
+    claim
+}
+
+fn sandbox(name: &str) -> Sandbox {
+    Sandbox::new(
+        name,
+        SandboxSpec {
+            blueprint: SandboxBlueprint {
+                pod_template: PodTemplate {
+                    spec: runtime_pod_spec(),
+                    ..PodTemplate::default()
+                },
+                ..SandboxBlueprint::default()
+            },
+            ..SandboxSpec::default()
+        },
+    )
+}
+
+fn condition_is(
+    conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    type_: &str,
+    status: &str,
+    reason: &str,
+) -> bool {
+    conditions.iter().any(|c| {
+        c.type_ == type_ && c.status == status && (reason.is_empty() || c.reason == reason)
+    })
+}
+
+fn claim_ready(claim: &SandboxClaim) -> bool {
+    claim.status.as_ref().is_some_and(|s| {
+        !s.sandbox.name.is_empty() && condition_is(&s.conditions, claim_cond::READY, "True", "")
+    })
+}
+
+fn sandbox_ready(sandbox: &Sandbox) -> bool {
+    sandbox
+        .status
+        .as_ref()
+        .is_some_and(|s| condition_is(&s.conditions, sandbox_cond::READY, "True", ""))
+}
+
+async fn create<K>(api: &Api<K>, object: &K) -> K
+where
+    K: Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.create(&PostParams::default(), object).await.unwrap()
+}
+
+async fn ready_pool(h: &Harness, name: &str, replicas: i32) -> SandboxWarmPool {
+    let pools: Api<SandboxWarmPool> = h.api();
+    let _dump = h.dump_on_panic();
+    wait_for(
+        &format!("pool {name} to have {replicas} ready members"),
+        || get(&pools, name),
+        |p: &SandboxWarmPool| {
+            p.status
+                .as_ref()
+                .is_some_and(|s| s.ready_replicas == replicas && s.replicas == replicas)
+        },
+    )
+    .await
+}
+
+/// Runs `command` (legacy `/execute`) in the pod at `ip`.
+async fn execute(ip: &str, command: &str) -> serde_json::Value {
+    let url = format!("http://{ip}:8888/execute");
+    let body = json!({"command": command}).to_string();
+    let response = http_post(&url, &body).await;
+    serde_json::from_str(&response).unwrap()
+}
+
+async fn http_post(url: &str, body: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let without_scheme = url.strip_prefix("http://").unwrap();
+    let (host, path) = without_scheme.split_once('/').unwrap();
+    let mut stream = tokio::net::TcpStream::connect(host).await.unwrap();
+    let request = format!(
+        "POST /{path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        decode_chunked(body)
+    } else {
+        body.to_owned()
+    }
+}
+
+fn decode_chunked(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let size = usize::from_str_radix(size.trim(), 16).unwrap();
+        if size == 0 {
+            break;
+        }
+        out.push_str(&rest[..size]);
+        body = &rest[size + 2..];
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_fills_and_a_claim_adopts_a_running_member_then_the_pool_refills() {
+    let h = Harness::start().await;
+    create(&h.api(), &template("python")).await;
+    create(&h.api(), &pool("pool", "python", 3)).await;
+    ready_pool(&h, "pool", 3).await;
+
+    let sandboxes: Api<Sandbox> = h.api();
+    let pods: Api<Pod> = h.api();
+    let members: Vec<Sandbox> = sandboxes.list(&Default::default()).await.unwrap().items;
+    assert_eq!(members.len(), 3);
+    let pod_uids: BTreeMap<String, String> = pods
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|p| (p.name_any(), p.metadata.uid.unwrap()))
+        .collect();
+
+    let claims: Api<SandboxClaim> = h.api();
+    create(&claims, &claim("claim-a", "pool")).await;
+    let ready = wait_for(
+        "claim-a to be Ready",
+        || get(&claims, "claim-a"),
+        claim_ready,
+    )
+    .await;
+    let name = ready.status.as_ref().unwrap().sandbox.name.clone();
+    assert!(
+        name.starts_with("pool-"),
+        "a warm member keeps its name, got {name}"
+    );
+    assert!(
+        pod_uids.contains_key(&name),
+        "{name} was one of the pool's members"
+    );
+
+    let adopted = get(&sandboxes, &name).await.unwrap();
+    let owner = &adopted.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str()),
+        ("SandboxClaim", "claim-a")
+    );
+    assert_eq!(
+        adopted
+            .labels()
+            .get(labels::LAUNCH_TYPE)
+            .map(String::as_str),
+        Some("warm")
+    );
+    assert_eq!(
+        adopted.labels().get(labels::CLAIM_UID),
+        ready.metadata.uid.as_ref()
+    );
+    assert!(!adopted.labels().contains_key(labels::WARM_POOL_SANDBOX));
+    assert_eq!(
+        adopted
+            .annotations()
+            .get(agent_sandbox_api::annotations::POD_NAME),
+        Some(&name)
+    );
+
+    // Same pod, still running: adoption did not restart it.
+    let pod = get(&pods, &name).await.unwrap();
+    assert_eq!(pod.metadata.uid.as_ref(), pod_uids.get(&name));
+    let ip = &ready.status.as_ref().unwrap().sandbox.pod_ips[0];
+    assert_eq!(
+        execute(ip, "echo still-here").await["stdout"],
+        "still-here\n"
+    );
+
+    // The pool refills to three unclaimed members.
+    wait_for(
+        "a fourth sandbox",
+        || async {
+            Some(
+                sandboxes
+                    .list(&Default::default())
+                    .await
+                    .unwrap()
+                    .items
+                    .len(),
+            )
+        },
+        |n| *n == 4,
+    )
+    .await;
+    let pools: Api<SandboxWarmPool> = h.api();
+    wait_for(
+        "the pool to have 3 ready members again",
+        || get(&pools, "pool"),
+        |p: &SandboxWarmPool| {
+            p.status
+                .as_ref()
+                .is_some_and(|s| s.ready_replicas == 3 && s.replicas == 3)
+        },
+    )
+    .await;
+    let members = sandboxes.list(&Default::default()).await.unwrap().items;
+    assert_eq!(members.iter().filter(|s| sandbox_ready(s)).count(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_claim_costs_four_writes() {
+    let h = Harness::start().await;
+    create(&h.api(), &template("python")).await;
+    create(&h.api(), &pool("pool", "python", 1)).await;
+    ready_pool(&h, "pool", 1).await;
+    // Without its template the pool cannot refill, so the writes below are the claim's alone
+    // (plus the pool's own status, counted separately).
+    let templates: Api<SandboxTemplate> = h.api();
+    templates
+        .delete("python", &DeleteParams::default())
+        .await
+        .unwrap();
+    let policies: Api<NetworkPolicy> = h.api();
+    wait_for(
+        "the template's policy to be collected",
+        || async { Some(get(&policies, "python-network-policy").await.is_none()) },
+        |gone| *gone,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let before = h.sim.request_counts();
+    let claims: Api<SandboxClaim> = h.api();
+    create(&claims, &claim("claim-a", "pool")).await;
+    wait_for(
+        "claim-a to be Ready",
+        || get(&claims, "claim-a"),
+        claim_ready,
+    )
+    .await;
+    // Let every follow-up reconcile run; a status write when nothing changed would show here.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let during = h.sim.request_counts().since(&before);
+
+    let pool_writes = during.get(
+        "apply",
+        "extensions.agents.x-k8s.io",
+        "sandboxwarmpools/status",
+    );
+    let writes = during.writes() - pool_writes;
+    println!(
+        "API writes for one warm claim: {writes} (+ {pool_writes} pool status); breakdown: {during:?}"
+    );
+    assert_eq!(
+        writes, 4,
+        "claim create, adoption patch, claim status, SandboxAdopted event: {during:?}"
+    );
+    assert_eq!(
+        during.get("create", "extensions.agents.x-k8s.io", "sandboxclaims"),
+        1
+    );
+    assert_eq!(during.get("patch", "agents.x-k8s.io", "sandboxes"), 1);
+    assert_eq!(
+        during.get(
+            "apply",
+            "extensions.agents.x-k8s.io",
+            "sandboxclaims/status"
+        ),
+        1
+    );
+    assert_eq!(during.get("create", "events.k8s.io", "events"), 1);
+    assert_eq!(
+        during.get("patch", "", "pods"),
+        0,
+        "the live pod is not touched"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn env_injection_is_cold_when_allowed_and_rejected_when_disallowed() {
+    let h = Harness::start().await;
+    let mut allowed = template("allowed");
+    allowed.spec.env_vars_injection_policy = EnvVarsInjectionPolicy::Allowed;
+    create(&h.api(), &allowed).await;
+    create(&h.api(), &template("strict")).await;
+    create(&h.api(), &pool("open-pool", "allowed", 1)).await;
+    create(&h.api(), &pool("strict-pool", "strict", 1)).await;
+    ready_pool(&h, "open-pool", 1).await;
+
+    let claims: Api<SandboxClaim> = h.api();
+    let mut with_env = claim("with-env", "open-pool");
+    with_env.spec.env = vec![EnvVar {
+        name: "TASK_ID".into(),
+        value: "forty-two".into(),
+        container_name: String::new(),
+    }];
+    create(&claims, &with_env).await;
+    let ready = wait_for(
+        "with-env to be Ready",
+        || get(&claims, "with-env"),
+        claim_ready,
+    )
+    .await;
+    assert_eq!(
+        ready.status.as_ref().unwrap().sandbox.name,
+        "with-env",
+        "a cold sandbox is named after its claim"
+    );
+    let sandboxes: Api<Sandbox> = h.api();
+    let cold = get(&sandboxes, "with-env").await.unwrap();
+    assert_eq!(
+        cold.labels().get(labels::LAUNCH_TYPE).map(String::as_str),
+        Some("cold")
+    );
+    let ip = &ready.status.as_ref().unwrap().sandbox.pod_ips[0];
+    assert_eq!(
+        execute(ip, "printenv TASK_ID").await["stdout"],
+        "forty-two\n"
+    );
+
+    let mut rejected = claim("rejected", "strict-pool");
+    rejected.spec.env = vec![EnvVar {
+        name: "TASK_ID".into(),
+        value: "1".into(),
+        container_name: String::new(),
+    }];
+    create(&claims, &rejected).await;
+    let failed = wait_for(
+        "rejected to fail",
+        || get(&claims, "rejected"),
+        |c: &SandboxClaim| {
+            c.status.as_ref().is_some_and(|s| {
+                condition_is(
+                    &s.conditions,
+                    claim_cond::READY,
+                    "False",
+                    claim_cond::REASON_ENV_VARS_INJECTION_REJECTED,
+                )
+            })
+        },
+    )
+    .await;
+    assert!(failed.status.unwrap().sandbox.name.is_empty());
+    assert!(get(&sandboxes, "rejected").await.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expiry_deletes_or_retains_and_finds_adopted_sandboxes() {
+    let h = Harness::start().await;
+    let sandboxes: Api<Sandbox> = h.api();
+    let pods: Api<Pod> = h.api();
+    let past = Time(Timestamp::now() - SignedDuration::from_secs(60));
+
+    let mut doomed = sandbox("doomed");
+    doomed.spec.lifecycle.shutdown_time = Some(past.clone());
+    doomed.spec.lifecycle.shutdown_policy = ShutdownPolicy::Delete;
+    let mut kept = sandbox("kept");
+    kept.spec.lifecycle.shutdown_time = Some(past.clone());
+    create(&sandboxes, &doomed).await;
+    create(&sandboxes, &kept).await;
+    wait_for(
+        "doomed to be deleted",
+        || async { Some(get(&sandboxes, "doomed").await.is_none()) },
+        |gone| *gone,
+    )
+    .await;
+    wait_for(
+        "kept to expire",
+        || get(&sandboxes, "kept"),
+        |s: &Sandbox| {
+            s.status.as_ref().is_some_and(|st| {
+                condition_is(
+                    &st.conditions,
+                    sandbox_cond::READY,
+                    "False",
+                    sandbox_cond::REASON_EXPIRED,
+                )
+            })
+        },
+    )
+    .await;
+    wait_for(
+        "their pods to be gone",
+        || async { Some(pods.list(&Default::default()).await.unwrap().items.len()) },
+        |n| *n == 0,
+    )
+    .await;
+    assert!(
+        get(&sandboxes, "kept").await.is_some(),
+        "Retain keeps the Sandbox"
+    );
+
+    // A claim that adopted a warm member expires and takes that member (not one named after it).
+    create(&h.api(), &template("python")).await;
+    create(&h.api(), &pool("pool", "python", 1)).await;
+    ready_pool(&h, "pool", 1).await;
+    let claims: Api<SandboxClaim> = h.api();
+    create(&claims, &claim("short", "pool")).await;
+    let ready = wait_for("short to be Ready", || get(&claims, "short"), claim_ready).await;
+    let adopted = ready.status.as_ref().unwrap().sandbox.name.clone();
+    let soon = Time(Timestamp::now() + SignedDuration::from_secs(1));
+    let lifecycle = ClaimLifecycle {
+        shutdown_time: Some(soon),
+        ttl_seconds_after_finished: None,
+        shutdown_policy: ClaimShutdownPolicy::Retain,
+    };
+    claims
+        .patch(
+            "short",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"lifecycle": lifecycle}})),
+        )
+        .await
+        .unwrap();
+    wait_for(
+        "the adopted sandbox to be deleted",
+        || async { Some(get(&sandboxes, &adopted).await.is_none()) },
+        |gone| *gone,
+    )
+    .await;
+    let expired = wait_for(
+        "short to be marked expired",
+        || get(&claims, "short"),
+        |c: &SandboxClaim| {
+            c.status.as_ref().is_some_and(|s| {
+                condition_is(
+                    &s.conditions,
+                    claim_cond::READY,
+                    "False",
+                    claim_cond::REASON_CLAIM_EXPIRED,
+                )
+            })
+        },
+    )
+    .await;
+    assert!(
+        expired.metadata.deletion_timestamp.is_none(),
+        "Retain keeps the claim"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn suspend_keeps_the_volume_resume_and_deleted_pods_come_back() {
+    let h = Harness::start().await;
+    let _dump = h.dump_on_panic();
+    let sandboxes: Api<Sandbox> = h.api();
+    let pods: Api<Pod> = h.api();
+    let pvcs: Api<PersistentVolumeClaim> = h.api();
+    let mut with_volume = sandbox("box");
+    with_volume.spec.blueprint.volume_claim_templates = vec![PersistentVolumeClaimTemplate {
+        metadata: EmbeddedObjectMetadata {
+            name: "work".into(),
+            ..Default::default()
+        },
+        spec: PersistentVolumeClaimSpec {
+            access_modes: Some(vec!["ReadWriteOnce".into()]),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([("storage".into(), Quantity("1Gi".into()))])),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    }];
+    create(&sandboxes, &with_volume).await;
+    wait_for("box to be Ready", || get(&sandboxes, "box"), sandbox_ready).await;
+    let pvc = get(&pvcs, "work-box").await.expect("the PVC exists");
+    let first_pod = get(&pods, "box").await.unwrap();
+
+    sandboxes
+        .patch(
+            "box",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"operatingMode": "Suspended"}})),
+        )
+        .await
+        .unwrap();
+    wait_for(
+        "box to be suspended",
+        || get(&sandboxes, "box"),
+        |s: &Sandbox| {
+            s.status.as_ref().is_some_and(|st| {
+                condition_is(
+                    &st.conditions,
+                    sandbox_cond::SUSPENDED,
+                    "True",
+                    sandbox_cond::REASON_POD_TERMINATED,
+                )
+            })
+        },
+    )
+    .await;
+    assert!(get(&pods, "box").await.is_none());
+    assert_eq!(
+        get(&pvcs, "work-box").await.unwrap().metadata.uid,
+        pvc.metadata.uid,
+        "the PVC is kept"
+    );
+
+    sandboxes
+        .patch(
+            "box",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"operatingMode": OperatingMode::Running}})),
+        )
+        .await
+        .unwrap();
+    let resumed = wait_for(
+        "box to be Ready again",
+        || get(&sandboxes, "box"),
+        sandbox_ready,
+    )
+    .await;
+    let second_pod = get(&pods, "box").await.unwrap();
+    assert_ne!(second_pod.metadata.uid, first_pod.metadata.uid);
+    assert!(resumed.status.unwrap().pod_ips[0].starts_with("127."));
+
+    pods.delete("box", &DeleteParams::default()).await.unwrap();
+    wait_for(
+        "a new pod",
+        || get(&pods, "box"),
+        |p: &Pod| p.metadata.uid != second_pod.metadata.uid,
+    )
+    .await;
+    wait_for(
+        "box to be Ready after the pod was deleted",
+        || get(&sandboxes, "box"),
+        sandbox_ready,
+    )
+    .await;
+}
+
+async fn claim_burst(h: &Harness, prefix: &str, count: usize) {
+    let claims: Api<SandboxClaim> = h.api();
+    let creations = (0..count).map(|i| {
+        let claims = claims.clone();
+        let name = format!("{prefix}-{i}");
+        async move { create(&claims, &claim(&name, "pool")).await }
+    });
+    futures::future::join_all(creations).await;
+}
+
+async fn all_claims_on_distinct_sandboxes(h: &Harness, count: usize) {
+    let claims: Api<SandboxClaim> = h.api();
+    let all = wait_for(
+        &format!("{count} Ready claims"),
+        || async { Some(claims.list(&Default::default()).await.unwrap().items) },
+        |items: &Vec<SandboxClaim>| items.len() == count && items.iter().all(claim_ready),
+    )
+    .await;
+    let names: BTreeSet<String> = all
+        .iter()
+        .map(|c| c.status.as_ref().unwrap().sandbox.name.clone())
+        .collect();
+    assert_eq!(names.len(), count, "every claim has its own sandbox");
+    let sandboxes: Api<Sandbox> = h.api();
+    for claim in &all {
+        let name = &claim.status.as_ref().unwrap().sandbox.name;
+        let sandbox = get(&sandboxes, name).await.unwrap();
+        let owners: Vec<_> = sandbox.metadata.owner_references.unwrap_or_default();
+        assert_eq!(owners.len(), 1, "{name} has exactly one owner");
+        assert_eq!(
+            owners[0].uid,
+            claim.metadata.uid.clone().unwrap(),
+            "{name} is owned by its claim"
+        );
+    }
+    for sandbox in sandboxes.list(&Default::default()).await.unwrap().items {
+        assert!(
+            sandbox
+                .metadata
+                .owner_references
+                .as_ref()
+                .is_some_and(|o| o.iter().any(|r| r.controller == Some(true))),
+            "{} has no controller",
+            sandbox.name_any()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_concurrent_claims_get_twenty_distinct_sandboxes() {
+    let h = Harness::start().await;
+    create(&h.api(), &template("python")).await;
+    create(&h.api(), &pool("pool", "python", 20)).await;
+    ready_pool(&h, "pool", 20).await;
+    claim_burst(&h, "c", 20).await;
+    all_claims_on_distinct_sandboxes(&h, 20).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_killed_mid_burst_leaves_every_claim_on_its_own_sandbox() {
+    let mut h = Harness::start().await;
+    create(&h.api(), &template("python")).await;
+    create(&h.api(), &pool("pool", "python", 10)).await;
+    ready_pool(&h, "pool", 10).await;
+    let claims: Api<SandboxClaim> = h.api();
+    let burst = {
+        let claims = claims.clone();
+        tokio::spawn(async move {
+            for i in 0..10 {
+                create(&claims, &claim(&format!("k-{i}"), "pool")).await;
+            }
+        })
+    };
+    // Kill the controller once a few claims have been served, while the rest are arriving.
+    wait_for(
+        "some claims to be served",
+        || async { Some(claims.list(&Default::default()).await.unwrap().items) },
+        |items: &Vec<SandboxClaim>| items.iter().filter(|c| claim_ready(c)).count() >= 2,
+    )
+    .await;
+    h.kill_controller();
+    burst.await.unwrap();
+    h.start_controller();
+    all_claims_on_distinct_sandboxes(&h, 10).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_template_policy_has_the_secure_shape_and_follows_the_router_setting() {
+    let mut config = Config::default();
+    config.policy.router_namespace = "routers".into();
+    let h = Harness::start_with(config).await;
+    create(&h.api(), &template("python")).await;
+    let policies: Api<NetworkPolicy> = h.api();
+    let policy = wait_for(
+        "the template's policy",
+        || get(&policies, "python-network-policy"),
+        |_| true,
+    )
+    .await;
+    let spec = serde_json::to_value(policy.spec.unwrap()).unwrap();
+    assert_eq!(
+        spec["podSelector"]["matchLabels"][labels::SANDBOX_TEMPLATE_REF_HASH],
+        json!(name_hash("python"))
+    );
+    assert_eq!(spec["policyTypes"], json!(["Ingress", "Egress"]));
+    let peer = &spec["ingress"][0]["from"][0];
+    assert_eq!(
+        peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+        json!("routers")
+    );
+    assert_eq!(
+        peer["podSelector"]["matchLabels"]["app"],
+        json!("sandbox-router")
+    );
+    let except = spec["egress"][0]["to"][0]["ipBlock"]["except"]
+        .as_array()
+        .unwrap()
+        .clone();
+    for private in [
+        "10.0.0.0/8",
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "169.254.0.0/16",
+    ] {
+        assert!(except.contains(&json!(private)), "{private} is denied");
+    }
+    assert_eq!(spec["egress"][0]["to"][1]["ipBlock"]["cidr"], json!("::/0"));
+    let templates: Api<SandboxTemplate> = h.api();
+    let stamped = get(&templates, "python").await.unwrap();
+    assert_eq!(
+        stamped.labels().get(labels::SANDBOX_TEMPLATE_REF_HASH),
+        Some(&name_hash("python"))
+    );
+}
+
+async fn http_status(addr: std::net::SocketAddr, path: &str) -> Option<u16> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.ok()?;
+    response.split(' ').nth(1)?.parse().ok()
+}
+
+/// Regression: with many objects listed at startup, `/readyz` once waited on the same store
+/// readiness signal as a controller did, and the signal woke only one of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_controller_becomes_ready_with_a_thousand_sandboxes_already_there() {
+    const COUNT: usize = 1000;
+    let health = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut h = Harness::start_with(Config {
+        health_addr: Some(health),
+        ..Config::default()
+    })
+    .await;
+    h.kill_controller();
+    let _dump = h.dump_on_panic();
+    let sandboxes: Api<Sandbox> = h.api();
+    let names: Vec<String> = (0..COUNT).map(|i| format!("many-{i:04}")).collect();
+    for chunk in names.chunks(25) {
+        let creations = chunk.iter().map(|name| {
+            let mut object = sandbox(name);
+            object.spec.operating_mode = OperatingMode::Suspended;
+            let sandboxes = sandboxes.clone();
+            async move { sandboxes.create(&PostParams::default(), &object).await }
+        });
+        for created in futures::future::join_all(creations).await {
+            created.unwrap();
+        }
+    }
+    h.start_controller();
+    wait_for(
+        "/readyz to answer 200",
+        || async { Some(http_status(health, "/readyz").await) },
+        |status| *status == Some(200),
+    )
+    .await;
+    // Every sandbox was reconciled: its status says Suspended.
+    wait_for(
+        "every sandbox to have a status",
+        || async {
+            let listed = sandboxes.list(&Default::default()).await.unwrap();
+            Some(
+                listed
+                    .items
+                    .iter()
+                    .filter(|s| s.status.as_ref().is_some_and(|s| !s.conditions.is_empty()))
+                    .count(),
+            )
+        },
+        |count| *count == COUNT,
+    )
+    .await;
+}
