@@ -32,7 +32,7 @@ pub(super) fn cases() -> Vec<Case> {
     vec![
         Case {
             name: "router/exec-echo",
-            about: "POST /execute {\"command\":\"echo hi\"} through the router vs direct, concurrency 1 and 16",
+            about: "POST /execute {\"command\":\"echo hi\"} (c1, c16) and GET / (c1) through the router vs direct",
             run: exec_echo,
         },
         Case {
@@ -303,33 +303,62 @@ async fn connect(addr: SocketAddr) -> Result<SendRequest<Full<Bytes>>> {
     Ok(sender)
 }
 
-/// `n` sequential `/execute` calls on one keep-alive connection to `addr` with `headers`;
-/// per-call latencies.
-async fn execute_loop(
+/// One kind of request the load loops send.
+#[derive(Debug, Clone, Copy)]
+enum Call {
+    /// `POST /execute {"command":"echo hi"}`: a fork and exec in the runtime.
+    Echo,
+    /// `GET /`: the runtime's health answer, no process; isolates the router's own cost.
+    Health,
+}
+
+impl Call {
+    fn request(self, headers: &[(&'static str, String)]) -> Result<Request<Full<Bytes>>> {
+        let mut builder = Request::builder().header("host", "sandbox");
+        builder = match self {
+            Self::Echo => builder
+                .method(Method::POST)
+                .uri("/execute")
+                .header("content-type", "application/json"),
+            Self::Health => builder.method(Method::GET).uri("/"),
+        };
+        for (name, value) in headers {
+            builder = builder.header(*name, value);
+        }
+        let body = match self {
+            Self::Echo => Bytes::from_static(br#"{"command":"echo hi"}"#),
+            Self::Health => Bytes::new(),
+        };
+        Ok(builder.body(Full::new(body))?)
+    }
+
+    fn expected(self) -> &'static [u8] {
+        match self {
+            Self::Echo => br#"{"stdout":"hi\n""#,
+            Self::Health => br#"{"status":"ok""#,
+        }
+    }
+}
+
+/// `n` sequential calls on one keep-alive connection to `addr` with `headers`; per-call
+/// latencies.
+async fn call_loop(
     addr: SocketAddr,
     headers: Vec<(&'static str, String)>,
+    call: Call,
     n: usize,
 ) -> Result<Vec<Duration>> {
     let mut sender = connect(addr).await?;
-    let body = Bytes::from_static(br#"{"command":"echo hi"}"#);
     let mut latencies = Vec::with_capacity(n);
     for _ in 0..n {
-        let mut builder = Request::builder()
-            .method(Method::POST)
-            .uri("/execute")
-            .header("host", "sandbox")
-            .header("content-type", "application/json");
-        for (name, value) in &headers {
-            builder = builder.header(*name, value);
-        }
-        let request = builder.body(Full::new(body.clone()))?;
+        let request = call.request(&headers)?;
         let start = Instant::now();
         sender.ready().await?;
         let response = sender.send_request(request).await?;
         let status = response.status();
         let bytes = response.into_body().collect().await?.to_bytes();
         latencies.push(start.elapsed());
-        if status != StatusCode::OK || !bytes.starts_with(br#"{"stdout":"hi\n""#) {
+        if status != StatusCode::OK || !bytes.starts_with(call.expected()) {
             bail!(
                 "unexpected answer {status}: {}",
                 String::from_utf8_lossy(&bytes)
@@ -344,6 +373,7 @@ fn load(
     rt: &tokio::runtime::Runtime,
     addr: SocketAddr,
     headers: &[(&'static str, String)],
+    call: Call,
     concurrency: usize,
     per_client: usize,
 ) -> Result<(Samples, Duration)> {
@@ -351,9 +381,10 @@ fn load(
     let latencies = rt.block_on(async {
         let mut tasks = Vec::new();
         for _ in 0..concurrency {
-            tasks.push(tokio::spawn(execute_loop(
+            tasks.push(tokio::spawn(call_loop(
                 addr,
                 headers.to_vec(),
+                call,
                 per_client,
             )));
         }
@@ -382,43 +413,62 @@ fn exec_echo(root: &Path, options: Options) -> Result<Vec<Row>> {
     let stack = Stack::start(root, &rt, "exec")?;
     let routing = stack.routing();
     // Warm up both paths (page cache, pooled connection to the runtime).
-    rt.block_on(execute_loop(stack.runtime.addr, Vec::new(), 50))?;
-    rt.block_on(execute_loop(stack.router.addr, routing.clone(), 50))?;
+    for call in [Call::Echo, Call::Health] {
+        rt.block_on(call_loop(stack.runtime.addr, Vec::new(), call, 50))?;
+        rt.block_on(call_loop(stack.router.addr, routing.clone(), call, 50))?;
+    }
     let mut rows = Vec::new();
-    for concurrency in [1usize, 16] {
-        let per_client = options.iterations(if concurrency == 1 { 2000 } else { 250 });
-        let (direct, direct_elapsed) = load(&rt, stack.runtime.addr, &[], concurrency, per_client)?;
-        let (routed, routed_elapsed) =
-            load(&rt, stack.router.addr, &routing, concurrency, per_client)?;
-        let (_, router_hwm) = stack.router.memory()?;
-        let added_median = routed.median().saturating_sub(direct.median());
-        let added_p99 = routed.p99().saturating_sub(direct.p99());
-        rows.push(
-            Row::new(format!("router/exec-echo-direct-c{concurrency}"))
-                .median(format_duration(direct.median()))
-                .p99(format_duration(direct.p99()))
-                .throughput(per_second(direct.len(), direct_elapsed))
-                .notes(format!(
-                    "{} requests straight to the runtime, {concurrency} keep-alive connection(s); \
-                     baseline of the next row, same run",
-                    direct.len()
-                )),
-        );
-        rows.push(
-            Row::new(format!("router/exec-echo-c{concurrency}"))
-                .median(format_duration(routed.median()))
-                .p99(format_duration(routed.p99()))
-                .throughput(per_second(routed.len(), routed_elapsed))
-                .peak_rss(mib(router_hwm))
-                .notes(format!(
-                    "{} requests through the router (access log on), {concurrency} keep-alive \
-                     connection(s); added over direct: median {}, p99 {}; peak RSS is the \
-                     router's",
-                    routed.len(),
-                    format_duration(added_median),
-                    format_duration(added_p99)
-                )),
-        );
+    for (call, label, what, concurrencies) in [
+        (
+            Call::Echo,
+            "exec-echo",
+            "POST /execute echo hi",
+            &[1usize, 16][..],
+        ),
+        (Call::Health, "health", "GET / (no process)", &[1usize][..]),
+    ] {
+        for &concurrency in concurrencies {
+            let per_client = options.iterations(if concurrency == 1 { 2000 } else { 250 });
+            let (direct, direct_elapsed) =
+                load(&rt, stack.runtime.addr, &[], call, concurrency, per_client)?;
+            let (routed, routed_elapsed) = load(
+                &rt,
+                stack.router.addr,
+                &routing,
+                call,
+                concurrency,
+                per_client,
+            )?;
+            let (_, router_hwm) = stack.router.memory()?;
+            let added_median = routed.median().saturating_sub(direct.median());
+            let added_p99 = routed.p99().saturating_sub(direct.p99());
+            rows.push(
+                Row::new(format!("router/{label}-direct-c{concurrency}"))
+                    .median(format_duration(direct.median()))
+                    .p99(format_duration(direct.p99()))
+                    .throughput(per_second(direct.len(), direct_elapsed))
+                    .notes(format!(
+                        "{} x {what} straight to the runtime, {concurrency} keep-alive \
+                         connection(s); baseline of the next row, same run",
+                        direct.len()
+                    )),
+            );
+            rows.push(
+                Row::new(format!("router/{label}-c{concurrency}"))
+                    .median(format_duration(routed.median()))
+                    .p99(format_duration(routed.p99()))
+                    .throughput(per_second(routed.len(), routed_elapsed))
+                    .peak_rss(mib(router_hwm))
+                    .notes(format!(
+                        "{} x {what} through the router (access log on), {concurrency} \
+                         keep-alive connection(s); added over direct: median {}, p99 {}; peak \
+                         RSS is the router's",
+                        routed.len(),
+                        format_duration(added_median),
+                        format_duration(added_p99)
+                    )),
+            );
+        }
     }
     Ok(rows)
 }
@@ -426,7 +476,7 @@ fn exec_echo(root: &Path, options: Options) -> Result<Vec<Row>> {
 fn idle_rss(root: &Path, _: Options) -> Result<Vec<Row>> {
     let rt = tokio_runtime(1)?;
     let stack = Stack::start(root, &rt, "idle")?;
-    rt.block_on(execute_loop(stack.router.addr, stack.routing(), 1))?;
+    rt.block_on(call_loop(stack.router.addr, stack.routing(), Call::Echo, 1))?;
     std::thread::sleep(Duration::from_millis(500));
     let (rss, hwm) = stack.router.memory()?;
     Ok(vec![
