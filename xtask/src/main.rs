@@ -1,10 +1,16 @@
 //! Project automation, in the style of rust-analyzer's xtask: `cargo xtask <command>`.
 //!
 //! - `gen-crds`: write `deploy/crds/` from `crates/api` (checked by a test, see [`crds`]);
-//! - `bench`: run benchmark cases and write `docs/benchmarks.md` (see [`bench`]).
+//! - `bench`: run benchmark cases and write `docs/benchmarks.md` (see [`bench`]);
+//! - `check-manifests`: the offline checks of `deploy/`, `flux/` and `kind/` (see [`manifests`]);
+//! - `images`: build the container images (see [`images`]);
+//! - `cluster up|down`: a kind + Cilium + Flux cluster running this checkout (see [`cluster`]).
 
 mod bench;
+mod cluster;
 mod crds;
+mod images;
+mod manifests;
 
 use std::path::PathBuf;
 
@@ -44,6 +50,60 @@ enum Command {
         #[arg(long)]
         list: bool,
     },
+    /// Render every deploy/ overlay and flux/ path with kubectl and check every object strictly.
+    #[command(after_help = "Examples:\n  cargo xtask check-manifests")]
+    CheckManifests,
+    /// Build the controller, router and runtime images from the Dockerfile (needs Docker).
+    #[command(
+        after_help = "Examples:\n  cargo xtask images                                   # agent-sandbox/*:dev, for kind\n  cargo xtask images --registry ghcr.io/agent-sandbox-rs --tag v0.1.0 --push --pin-release"
+    )]
+    Images {
+        /// Tag of every image.
+        #[arg(long, default_value = images::DEV_TAG)]
+        tag: String,
+        /// Registry prefix; the images get their published names under it.
+        #[arg(long)]
+        registry: Option<String>,
+        /// Push the images after building them (needs --registry).
+        #[arg(long)]
+        push: bool,
+        /// Write the pushed digests into deploy/overlays/release and flux/release.
+        #[arg(long)]
+        pin_release: bool,
+    },
+    /// Create (up) or delete (down) the local kind + Cilium + Flux cluster.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum ClusterCommand {
+    /// Create the cluster, install Cilium and Flux, build and load the images, deliver deploy/,
+    /// and wait for the controller, router and warm pool. Idempotent.
+    #[command(
+        after_help = "Examples:\n  cargo xtask cluster up\n  cargo xtask cluster up --no-flux     # kubectl apply -k deploy/overlays/kind instead of Flux"
+    )]
+    Up {
+        /// kind cluster name (kubectl context kind-<name>).
+        #[arg(long, default_value = "agent-sandbox")]
+        name: String,
+        /// Apply deploy/ with kubectl instead of installing Flux.
+        #[arg(long)]
+        no_flux: bool,
+        /// Load the images already built instead of building them.
+        #[arg(long)]
+        skip_images: bool,
+        /// Cilium version to install.
+        #[arg(long, default_value = cluster::CILIUM_VERSION)]
+        cilium_version: String,
+    },
+    /// Delete what `cluster up` created (and nothing it found already there).
+    #[command(after_help = "Examples:\n  cargo xtask cluster down")]
+    Down {
+        /// kind cluster name.
+        #[arg(long, default_value = "agent-sandbox")]
+        name: String,
+    },
 }
 
 fn main() -> Result<()> {
@@ -69,6 +129,47 @@ fn main() -> Result<()> {
             }
             bench::run(&root, &cases, bench::Options { quick }, dry_run)
         }
+        Command::CheckManifests => {
+            for line in manifests::check_all(&root)? {
+                println!("ok  {line}");
+            }
+            Ok(())
+        }
+        Command::Images {
+            tag,
+            registry,
+            push,
+            pin_release,
+        } => {
+            let built = images::build(
+                &root,
+                &images::Options {
+                    tag,
+                    registry,
+                    push,
+                    pin_release,
+                },
+            )?;
+            for reference in built {
+                println!("{reference}");
+            }
+            Ok(())
+        }
+        Command::Cluster(ClusterCommand::Up {
+            name,
+            no_flux,
+            skip_images,
+            cilium_version,
+        }) => cluster::up(
+            &root,
+            &cluster::UpOptions {
+                name,
+                no_flux,
+                skip_images,
+                cilium_version,
+            },
+        ),
+        Command::Cluster(ClusterCommand::Down { name }) => cluster::down(&root, &name),
     }
 }
 
