@@ -558,3 +558,58 @@ async fn ctrl_c_during_run_local_stops_every_process() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn dev_serves_until_ctrl_c_and_completion_prints_a_script() {
+    let home = tempfile::tempdir().unwrap();
+    let kubeconfig = home.path().join("dev.kubeconfig");
+    let mut command = clean(home.path());
+    command
+        .args(["dev", "--replicas", "1", "--kubeconfig-out"])
+        .arg(&kubeconfig)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut spawned = command.spawn().unwrap();
+    let stderr = collect(spawned.stderr.take().unwrap());
+    let mut child = ChildGuard(Some(spawned));
+    eventually("dev to be up", || {
+        let up = stderr.lock().unwrap().contains("Ctrl-C stops everything");
+        async move { up }
+    })
+    .await;
+    let banner = stderr.lock().unwrap().clone();
+    assert!(
+        banner.contains(&format!("export KUBECONFIG={}", kubeconfig.display())),
+        "{banner}"
+    );
+    assert!(
+        banner.contains("export SANDBOX_ROUTER_URL=http://127.0.0.1:"),
+        "{banner}"
+    );
+
+    // Another process uses it through the printed kubeconfig.
+    let mut pools = clean(home.path());
+    pools
+        .env("KUBECONFIG", &kubeconfig)
+        .args(["pools", "-o", "json"]);
+    let rows: serde_json::Value = serde_json::from_str(&ok(&output(pools).await)).unwrap();
+    assert_eq!(rows[0]["name"], "python");
+    assert_eq!(rows[0]["ready"], 1);
+
+    child.interrupt();
+    let out = child.wait().await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr.lock().unwrap());
+    assert!(stderr.lock().unwrap().contains("no process left behind"));
+    eventually("no process of the dev cluster", || async {
+        processes_mentioning(home.path()).is_empty()
+    })
+    .await;
+
+    let mut completion = clean(home.path());
+    completion.args(["completion", "bash"]);
+    let script = ok(&output(completion).await);
+    assert!(
+        script.contains("_sandboxctl()") && script.contains("extend"),
+        "{script}"
+    );
+}
