@@ -1,0 +1,375 @@
+//! The command line: flags, subcommands, help texts and examples (clap derive). `main.rs` parses
+//! [`Cli`] and hands it to [`crate::run`].
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use agent_sandbox_sim::Isolation;
+use clap::{Args, Parser, Subcommand};
+
+use crate::output::Format;
+
+/// Environment variable holding the router URL (`--router-url`).
+pub const ENV_ROUTER_URL: &str = "SANDBOX_ROUTER_URL";
+/// Environment variable holding a router bearer token (`--router-token`).
+pub const ENV_ROUTER_TOKEN: &str = "SANDBOX_ROUTER_TOKEN";
+/// Environment variable naming the router's signing key file (`--signing-key-file`).
+pub const ENV_SIGNING_KEY_FILE: &str = "SANDBOX_ROUTER_SIGNING_KEY_FILE";
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    agent_sandbox_controller::config::parse_duration(text)
+}
+
+/// Sandboxes for AI-agent code: a local cluster with no Docker, one-shot runs, and day-to-day
+/// work with claims on any cluster.
+#[derive(Debug, Parser)]
+#[command(
+    name = "sandboxctl",
+    version,
+    propagate_version = true,
+    after_help = "Examples:
+  sandboxctl run --local -- python3 -c 'print(6*7)'   # no cluster needed
+  sandboxctl dev                                       # a local cluster until Ctrl-C
+  sandboxctl run --pool python -- uname -a             # one-shot on the current cluster
+  C=$(sandboxctl claim --pool python --ttl 30m) && sandboxctl exec $C -- 'echo hi from $(hostname)'
+
+Also works as the kubectl plugin `kubectl sandbox` (install the binary as kubectl-sandbox)."
+)]
+pub struct Cli {
+    /// Connection to the cluster and the router.
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Flags every command accepts.
+#[derive(Clone, Debug, Args)]
+pub struct GlobalArgs {
+    /// Kubeconfig file (default: $KUBECONFIG, then ~/.kube/config, then in-cluster).
+    #[arg(
+        long,
+        global = true,
+        env = "KUBECONFIG",
+        value_name = "PATH",
+        hide_env_values = true
+    )]
+    pub kubeconfig: Option<PathBuf>,
+    /// Kubeconfig context (default: the current context).
+    #[arg(long, global = true, value_name = "NAME")]
+    pub context: Option<String>,
+    /// Namespace of claims and pools (default: the context's namespace, else `default`).
+    #[arg(short = 'n', long, global = true, value_name = "NS")]
+    pub namespace: Option<String>,
+    /// Namespace holding the router Service `sandbox-router-svc` (reached by port-forward).
+    #[arg(long, global = true, value_name = "NS", default_value = agent_sandbox_api::wire::SYSTEM_NAMESPACE)]
+    pub router_namespace: String,
+    /// Router URL to use directly instead of a port-forward (e.g. `http://127.0.0.1:8080`).
+    #[arg(long, global = true, env = ENV_ROUTER_URL, value_name = "URL")]
+    pub router_url: Option<String>,
+    /// Bearer token for the router (a static token, or a scoped token for one sandbox).
+    #[arg(long, global = true, env = ENV_ROUTER_TOKEN, value_name = "TOKEN", hide_env_values = true)]
+    pub router_token: Option<String>,
+    /// Router signing key: mint a scoped token per sandbox automatically (`sandboxctl dev`
+    /// prints it).
+    #[arg(long, global = true, env = ENV_SIGNING_KEY_FILE, value_name = "PATH")]
+    pub signing_key_file: Option<PathBuf>,
+}
+
+/// A subcommand.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Start a local cluster (simulated API, controller, router, a warm Python pool) until Ctrl-C.
+    #[command(after_help = "Examples:
+  sandboxctl dev
+  sandboxctl dev --kubeconfig-out /tmp/dev.kubeconfig --replicas 4
+
+Then, in another terminal, use the environment it prints:
+  kubectl get sandboxwarmpools,sandboxes,pods
+  sandboxctl claim --pool python")]
+    Dev(DevArgs),
+    /// Claim a sandbox, run one command in it (output streamed), delete the claim.
+    #[command(after_help = "Examples:
+  sandboxctl run --local -- python3 -c 'print(6*7)'
+  sandboxctl run --pool python -- 'echo $((6*7)) > /tmp/x && cat /tmp/x'
+  sandboxctl run --pool python --no-shell -- ls -la
+
+The exit code is the command's. Claim and run latencies are reported on stderr;
+Ctrl-C deletes the claim.")]
+    Run(RunArgs),
+    /// Claim a sandbox from a warm pool and print the claim's name.
+    #[command(after_help = "Examples:
+  sandboxctl claim --pool python
+  sandboxctl claim --pool python --ttl 2h -o json")]
+    Claim(ClaimArgs),
+    /// Run a command in a claimed sandbox (output streamed, exit code propagated).
+    #[command(after_help = "Examples:
+  sandboxctl exec sandbox-claim-x7k2q -- 'echo hello from $(hostname)'
+  sandboxctl exec sandbox-claim-x7k2q --no-shell -- python3 -c 'print(1)'
+  echo 'print(6*7)' | sandboxctl exec sandbox-claim-x7k2q --stdin -- python3")]
+    Exec(ExecArgs),
+    /// Copy files or directories to or from a sandbox (`CLAIM:path` on one side).
+    #[command(after_help = "Examples:
+  sandboxctl cp ./src sandbox-claim-x7k2q:work/src      # a directory, recursively
+  sandboxctl cp sandbox-claim-x7k2q:out/report.csv .
+  sandboxctl cp - sandbox-claim-x7k2q:input.txt < input.txt")]
+    Cp(CpArgs),
+    /// List a directory in a sandbox.
+    #[command(after_help = "Examples:
+  sandboxctl ls sandbox-claim-x7k2q
+  sandboxctl ls sandbox-claim-x7k2q:work -o json")]
+    Ls(LsArgs),
+    /// Print a file from a sandbox.
+    #[command(after_help = "Examples:
+  sandboxctl cat sandbox-claim-x7k2q:out/result.json")]
+    Cat(PathArg),
+    /// Remove a file or directory in a sandbox.
+    #[command(after_help = "Examples:
+  sandboxctl rm sandbox-claim-x7k2q:tmp/scratch")]
+    Rm(PathArg),
+    /// List claims with their sandbox, pod, age, readiness and expiry.
+    #[command(after_help = "Examples:
+  sandboxctl list
+  sandboxctl list -n team-a -o yaml")]
+    List(ListArgs),
+    /// Delete claims (and so their sandboxes).
+    #[command(after_help = "Examples:
+  sandboxctl delete sandbox-claim-x7k2q
+  sandboxctl delete --all -n scratch")]
+    Delete(DeleteArgs),
+    /// Move a claim's expiry to now + DURATION (the sandbox is deleted then).
+    #[command(after_help = "Examples:
+  sandboxctl extend sandbox-claim-x7k2q 1h")]
+    Extend(ExtendArgs),
+    /// List warm pools with desired and ready sandboxes.
+    #[command(after_help = "Examples:
+  sandboxctl pools
+  sandboxctl pools -A -o json")]
+    Pools(PoolsArgs),
+    /// Print the logs of a claim's sandbox pod.
+    #[command(after_help = "Examples:
+  sandboxctl logs sandbox-claim-x7k2q
+  sandboxctl logs sandbox-claim-x7k2q --follow")]
+    Logs(LogsArgs),
+    /// Mint a scoped router token for a claim's sandbox (needs the signing key).
+    #[command(after_help = "Examples:
+  sandboxctl token sandbox-claim-x7k2q --signing-key-file key --ttl 1h
+  curl -H \"Authorization: Bearer $(sandboxctl token $C)\" -H 'X-Sandbox-ID: ...' $ROUTER/")]
+    Token(TokenArgs),
+    /// Print a shell completion script.
+    #[command(after_help = "Examples:
+  sandboxctl completion bash > /etc/bash_completion.d/sandboxctl
+  sandboxctl completion zsh > \"${fpath[1]}/_sandboxctl\"")]
+    Completion(CompletionArgs),
+    /// Serve the sandbox runtime (how the local cluster's pods run; not for direct use).
+    #[command(name = "__runtime", hide = true)]
+    Runtime(RuntimeArgs),
+}
+
+/// `sandboxctl dev`.
+#[derive(Debug, Args)]
+pub struct DevArgs {
+    /// Also write the kubeconfig here (default: only in the data directory).
+    #[arg(long, value_name = "PATH")]
+    pub kubeconfig_out: Option<PathBuf>,
+    /// Keep pods' files, logs and the signing key here (default: a temporary directory).
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Sandboxes kept warm in the `python` pool.
+    #[arg(long, default_value_t = 2)]
+    pub replicas: i32,
+    /// Port of the API server on 127.0.0.1 (0: any free port).
+    #[arg(long, default_value_t = 0)]
+    pub api_port: u16,
+    /// Port of the router on 127.0.0.1 (0: any free port).
+    #[arg(long, default_value_t = 0)]
+    pub router_port: u16,
+    /// Pod isolation: auto (bubblewrap when it works), bwrap, none.
+    #[arg(long, default_value = "auto")]
+    pub isolation: Isolation,
+    /// Router authentication: token (one random bearer token), scoped (a token per sandbox,
+    /// minted with a random signing key) or none.
+    #[arg(long, default_value = "token", value_parser = ["token", "scoped", "none"])]
+    pub auth: String,
+}
+
+/// How a command runs (shared by `run` and `exec`).
+#[derive(Clone, Debug, Args)]
+pub struct CommandArgs {
+    /// Run the words as given, without `sh -c` (the default joins them into one shell line).
+    #[arg(long)]
+    pub no_shell: bool,
+    /// Kill the command after this long (`30s`, `5m`).
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub timeout: Option<Duration>,
+    /// Working directory in the sandbox.
+    #[arg(long, value_name = "DIR")]
+    pub cwd: Option<String>,
+    /// Environment variable for the command (repeatable).
+    #[arg(short = 'e', long = "env", value_name = "KEY=VALUE")]
+    pub env: Vec<String>,
+    /// Send this process's standard input to the command.
+    #[arg(long)]
+    pub stdin: bool,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+/// `sandboxctl run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Start a local cluster in this process for the run (no kubeconfig needed).
+    #[arg(long)]
+    pub local: bool,
+    /// Warm pool to claim from.
+    #[arg(long, default_value = crate::local::DEFAULT_POOL)]
+    pub pool: String,
+    /// Delete the claim after this long even if this process is killed.
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION", default_value = "1h")]
+    pub ttl: Duration,
+    /// Give up waiting for a ready sandbox after this long.
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION", default_value = "2m")]
+    pub wait_timeout: Duration,
+    /// Pod isolation of the local cluster (`--local`): auto, bwrap, none.
+    #[arg(long, default_value = "auto")]
+    pub isolation: Isolation,
+    /// How to run the command.
+    #[command(flatten)]
+    pub command: CommandArgs,
+}
+
+/// `sandboxctl claim`.
+#[derive(Debug, Args)]
+pub struct ClaimArgs {
+    /// Warm pool to claim from.
+    #[arg(long)]
+    pub pool: String,
+    /// Delete the claim (and its sandbox) after this long.
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub ttl: Option<Duration>,
+    /// Give up waiting for a ready sandbox after this long.
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION", default_value = "2m")]
+    pub wait_timeout: Duration,
+    /// Print the claim's details in this format instead of its name.
+    #[arg(short = 'o', long, value_name = "FORMAT")]
+    pub output: Option<Format>,
+}
+
+/// `sandboxctl exec`.
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    /// The claim.
+    pub claim: String,
+    /// How to run the command.
+    #[command(flatten)]
+    pub command: CommandArgs,
+}
+
+/// `sandboxctl cp`.
+#[derive(Debug, Args)]
+pub struct CpArgs {
+    /// Source: a local path, `-` (stdin), or `CLAIM:path`.
+    pub src: String,
+    /// Destination: a local path, `-` (stdout), or `CLAIM:path`.
+    pub dst: String,
+}
+
+/// `sandboxctl ls`.
+#[derive(Debug, Args)]
+pub struct LsArgs {
+    /// `CLAIM` or `CLAIM:path`.
+    pub target: String,
+    /// Output format.
+    #[arg(short = 'o', long, value_name = "FORMAT", default_value = "table")]
+    pub output: Format,
+}
+
+/// `CLAIM:path`.
+#[derive(Debug, Args)]
+pub struct PathArg {
+    /// `CLAIM:path`.
+    pub target: String,
+}
+
+/// `sandboxctl list`.
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Claims of every namespace.
+    #[arg(short = 'A', long)]
+    pub all_namespaces: bool,
+    /// Output format.
+    #[arg(short = 'o', long, value_name = "FORMAT", default_value = "table")]
+    pub output: Format,
+}
+
+/// `sandboxctl delete`.
+#[derive(Debug, Args)]
+#[command(group = clap::ArgGroup::new("which").required(true).args(["claims", "all"]))]
+pub struct DeleteArgs {
+    /// Claims to delete.
+    pub claims: Vec<String>,
+    /// Every claim in the namespace.
+    #[arg(long)]
+    pub all: bool,
+}
+
+/// `sandboxctl extend`.
+#[derive(Debug, Args)]
+pub struct ExtendArgs {
+    /// The claim.
+    pub claim: String,
+    /// New lifetime from now (`30m`, `2h`).
+    #[arg(value_parser = parse_duration)]
+    pub duration: Duration,
+}
+
+/// `sandboxctl pools`.
+#[derive(Debug, Args)]
+pub struct PoolsArgs {
+    /// Pools of every namespace.
+    #[arg(short = 'A', long)]
+    pub all_namespaces: bool,
+    /// Output format.
+    #[arg(short = 'o', long, value_name = "FORMAT", default_value = "table")]
+    pub output: Format,
+}
+
+/// `sandboxctl logs`.
+#[derive(Debug, Args)]
+pub struct LogsArgs {
+    /// The claim.
+    pub claim: String,
+    /// Keep printing new lines until the pod ends or Ctrl-C.
+    #[arg(short = 'f', long)]
+    pub follow: bool,
+    /// Only the last N lines.
+    #[arg(long, value_name = "N")]
+    pub tail: Option<i64>,
+}
+
+/// `sandboxctl token`.
+#[derive(Debug, Args)]
+pub struct TokenArgs {
+    /// The claim whose sandbox the token opens.
+    pub claim: String,
+    /// How long the token is valid.
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION", default_value = "1h")]
+    pub ttl: Duration,
+}
+
+/// `sandboxctl completion`.
+#[derive(Debug, Args)]
+pub struct CompletionArgs {
+    /// The shell.
+    pub shell: clap_complete::Shell,
+}
+
+/// The hidden runtime subcommand: the runtime's own flags.
+#[derive(Debug, Args)]
+pub struct RuntimeArgs {
+    /// The runtime's flags (with its `SANDBOX_*` environment fallbacks).
+    #[command(flatten)]
+    pub args: agent_sandbox_runtime::Args,
+}

@@ -1,0 +1,105 @@
+//! `sandboxctl dev`: a local cluster until Ctrl-C.
+
+use std::time::Duration;
+
+use crate::cli::{DevArgs, ENV_ROUTER_TOKEN, ENV_ROUTER_URL, ENV_SIGNING_KEY_FILE};
+use crate::error::{Error, Result};
+use crate::local::{DEFAULT_NAMESPACE, DEFAULT_POOL, LocalCluster, LocalConfig, RouterAuth};
+use crate::spinner::Spinner;
+
+/// Starts the local cluster, prints how to use it, and runs until Ctrl-C or SIGTERM.
+pub async fn dev(args: DevArgs) -> Result<i32> {
+    let auth: RouterAuth = args.auth.parse().map_err(Error::Usage)?;
+    let config = LocalConfig {
+        data_dir: args.data_dir.clone(),
+        kubeconfig: args.kubeconfig_out.clone(),
+        isolation: args.isolation,
+        api_port: args.api_port,
+        router_port: args.router_port,
+        router_auth: auth,
+        pool_replicas: args.replicas,
+        ..LocalConfig::default()
+    };
+    let spinner = Spinner::start("starting the local cluster");
+    let cluster = LocalCluster::start(config).await?;
+    if args.replicas > 0 {
+        spinner.set_message(format!("warming the pool {DEFAULT_POOL}"));
+        let waited = tokio::select! {
+            waited = cluster.wait_for_pool(1, Duration::from_secs(120), |ready, want| {
+                spinner.set_message(format!("warming the pool {DEFAULT_POOL}: {ready}/{want} ready"));
+            }) => Some(waited),
+            () = super::interrupted() => None,
+        };
+        let Some(waited) = waited else {
+            spinner.finish();
+            cluster.stop().await;
+            return Ok(130);
+        };
+        waited?;
+    }
+    spinner.finish();
+    eprint!("{}", banner(&cluster, args.replicas));
+    super::interrupted().await;
+    eprintln!("stopping the local cluster…");
+    cluster.stop().await;
+    eprintln!("stopped; no process left behind");
+    Ok(0)
+}
+
+/// What `dev` prints once the cluster is up.
+fn banner(cluster: &LocalCluster, replicas: i32) -> String {
+    let kubeconfig = cluster.kubeconfig_path().display().to_string();
+    let router = cluster.router_url();
+    let mut env = vec![
+        format!("export KUBECONFIG={kubeconfig}"),
+        format!("export {ENV_ROUTER_URL}={router}"),
+    ];
+    let mut sdk_token = String::new();
+    match (cluster.router_auth(), cluster.secret_path()) {
+        (RouterAuth::Token, Some(path)) => {
+            env.push(format!(
+                "export {ENV_ROUTER_TOKEN}=$(cat {})",
+                path.display()
+            ));
+            sdk_token = format!("\n        .router_token(std::env::var(\"{ENV_ROUTER_TOKEN}\")?)");
+        }
+        (RouterAuth::Scoped, Some(path)) => {
+            env.push(format!("export {ENV_SIGNING_KEY_FILE}={}", path.display()));
+        }
+        _ => {}
+    }
+    format!(
+        "\
+Local agent-sandbox cluster is up (simulated API, controller, router; pods are local processes, isolation: {isolation:?}).
+
+  API server    {api}
+  kubeconfig    {kubeconfig}
+  router        {router} (auth: {auth:?}; 127.0.0.1 only)
+  warm pool     {DEFAULT_NAMESPACE}/{DEFAULT_POOL} ({replicas} sandboxes, template {DEFAULT_NAMESPACE}/{template})
+  data          {data}
+
+In another terminal:
+
+  {env}
+
+  kubectl get sandboxwarmpools,sandboxclaims,sandboxes,pods
+  sandboxctl run -- python3 -c 'print(6*7)'
+  C=$(sandboxctl claim --pool {DEFAULT_POOL}) && sandboxctl exec $C -- 'echo hello from $(hostname)'
+
+From Rust (the SDK, crate agent-sandbox), with that environment:
+
+  let client = agent_sandbox::Client::new(
+      agent_sandbox::ClientOptions::default()
+        .connection(agent_sandbox::ConnectionMode::direct(\"{router}\")){sdk_token},
+  ).await?;
+
+Ctrl-C stops everything.
+",
+        isolation = cluster.isolation(),
+        api = cluster.api_url(),
+        auth = cluster.router_auth(),
+        template = crate::local::DEFAULT_TEMPLATE,
+        data = cluster.data_dir().display(),
+        env = env.join("\n  "),
+    )
+}

@@ -1,0 +1,56 @@
+//! `sandboxctl` (also `kubectl-sandbox`): parses the command line, sets up logging, and runs
+//! `agent_sandbox_cli`. The hidden runtime subcommand (how the local cluster's pods run) is
+//! served before any async runtime starts.
+
+use std::process::ExitCode;
+
+use agent_sandbox_cli::cli::{Cli, Command};
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let cli = Cli::parse();
+    let quiet_default = if matches!(cli.command, Command::Runtime(_)) {
+        "info"
+    } else {
+        // The CLI speaks for itself on stderr; libraries only warn.
+        "warn"
+    };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SANDBOXCTL_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(quiet_default)),
+        )
+        .init();
+    if let Command::Runtime(runtime) = cli.command {
+        return match agent_sandbox_cli::local::serve_runtime(runtime.args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("sandbox runtime: {error}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: failed to start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let code = runtime.block_on(agent_sandbox_cli::run(cli));
+    // Pod processes and tasks are stopped by now; do not wait for stray blocking reads.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    match code {
+        Ok(code) => ExitCode::from(u8::try_from(code.clamp(0, 255)).unwrap_or(1)),
+        Err(error) => {
+            eprintln!("error: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
