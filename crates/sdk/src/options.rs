@@ -1,0 +1,506 @@
+//! Options: how a [`Client`](crate::Client) connects and waits, how a sandbox is created, how a
+//! command runs.
+//!
+//! Every options type is `#[non_exhaustive]` with a `Default` and builder-style setters, so
+//! fields can be added without breaking callers.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agent_sandbox_api::wire;
+
+/// How the SDK reaches the router (and through it, the sandboxes).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConnectionMode {
+    /// A router URL reachable from here: an in-cluster agent using
+    /// `http://sandbox-router-svc.agent-sandbox-system.svc:8080`, or a local router.
+    Direct {
+        /// Base URL, `http://` or `https://`.
+        url: String,
+    },
+    /// The default: a local listener on `127.0.0.1:0`; every accepted connection is a
+    /// Kubernetes port-forward to a Ready pod behind the EndpointSlices of
+    /// `sandbox-router-svc` in `router_namespace`.
+    PortForward {
+        /// Where the router runs; [`wire::SYSTEM_NAMESPACE`] by default, as in our manifests.
+        router_namespace: String,
+    },
+    /// The address in the status of a `gateway.networking.k8s.io/v1` Gateway.
+    Gateway {
+        /// Name of the Gateway.
+        name: String,
+        /// Its namespace.
+        namespace: String,
+        /// `http` or `https`.
+        scheme: String,
+    },
+}
+
+impl Default for ConnectionMode {
+    fn default() -> Self {
+        Self::port_forward()
+    }
+}
+
+impl ConnectionMode {
+    /// [`ConnectionMode::Direct`] to `url`.
+    pub fn direct(url: impl Into<String>) -> Self {
+        Self::Direct { url: url.into() }
+    }
+
+    /// [`ConnectionMode::PortForward`] to the router in [`wire::SYSTEM_NAMESPACE`].
+    pub fn port_forward() -> Self {
+        Self::PortForward {
+            router_namespace: wire::SYSTEM_NAMESPACE.to_owned(),
+        }
+    }
+
+    /// [`ConnectionMode::PortForward`] to the router in `router_namespace`.
+    pub fn port_forward_in(router_namespace: impl Into<String>) -> Self {
+        Self::PortForward {
+            router_namespace: router_namespace.into(),
+        }
+    }
+
+    /// [`ConnectionMode::Gateway`] over plain HTTP.
+    pub fn gateway(name: impl Into<String>, namespace: impl Into<String>) -> Self {
+        Self::Gateway {
+            name: name.into(),
+            namespace: namespace.into(),
+            scheme: "http".to_owned(),
+        }
+    }
+
+    /// Short name for logs and benchmarks: `direct`, `port-forward`, `gateway`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Direct { .. } => "direct",
+            Self::PortForward { .. } => "port-forward",
+            Self::Gateway { .. } => "gateway",
+        }
+    }
+}
+
+/// Retries of idempotent operations (file operations, listings, reads).
+///
+/// Retried: connection errors and HTTP 500/502/503/504. Backoff: none before the second
+/// attempt, then `initial_backoff · 2^(n-1)` capped at `max_backoff`, each ±25 % jitter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RetryPolicy {
+    /// Attempts in total, at least 1 (default 6).
+    pub max_attempts: u32,
+    /// First backoff (default 500 ms).
+    pub initial_backoff: Duration,
+    /// Longest backoff (default 8 s).
+    pub max_backoff: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_attempts: 6,
+            initial_backoff: Duration::from_millis(500),
+            max_backoff: Duration::from_secs(8),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// One attempt, no retries.
+    pub fn never() -> Self {
+        Self {
+            max_attempts: 1,
+            ..Self::default()
+        }
+    }
+
+    /// `max_attempts` attempts with the default backoff.
+    pub fn attempts(max_attempts: u32) -> Self {
+        Self {
+            max_attempts: max_attempts.max(1),
+            ..Self::default()
+        }
+    }
+
+    /// Sets the backoff bounds.
+    #[must_use]
+    pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
+        self.initial_backoff = initial;
+        self.max_backoff = max;
+        self
+    }
+
+    /// The pause before attempt `attempt` (1-based: the first retry, attempt 2, starts at once),
+    /// without jitter.
+    pub(crate) fn base_delay(&self, attempt: u32) -> Duration {
+        if attempt <= 2 {
+            return Duration::ZERO;
+        }
+        let exponent = (attempt - 3).min(20);
+        self.initial_backoff
+            .saturating_mul(1u32 << exponent)
+            .min(self.max_backoff)
+    }
+
+    /// The pause before attempt `attempt`, with ±25 % jitter.
+    pub(crate) fn delay(&self, attempt: u32) -> Duration {
+        let base = self.base_delay(attempt);
+        if base.is_zero() {
+            return base;
+        }
+        base.mul_f64(0.75 + fastrand::f64() * 0.5)
+    }
+}
+
+/// Options of a [`Client`](crate::Client).
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct ClientOptions {
+    /// Namespace of claims (default `default`).
+    pub namespace: String,
+    /// How to reach the router (default: port-forward to [`wire::SYSTEM_NAMESPACE`]).
+    pub connection: ConnectionMode,
+    /// How long `create_sandbox` waits for the claim to be Ready (default 180 s).
+    pub sandbox_ready_timeout: Duration,
+    /// How long port-forward mode waits for a ready router endpoint (default 30 s).
+    pub port_forward_ready_timeout: Duration,
+    /// How long Gateway mode waits for an address (default 180 s).
+    pub gateway_ready_timeout: Duration,
+    /// Budget of deleting claims after a failure, on `close` and on auto cleanup (default 30 s).
+    pub cleanup_timeout: Duration,
+    /// Deadline of one HTTP request to the router, unless the call sets its own (default 60 s;
+    /// `run` and `exec_stream` use the command's timeout plus a margin instead).
+    pub request_timeout: Duration,
+    /// Retries of file operations (default: 6 attempts).
+    pub retry: RetryPolicy,
+    /// Bearer token for the router (`--auth token` or a scoped token), sent as
+    /// `Authorization: Bearer ...`.
+    pub router_token: Option<String>,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        Self {
+            namespace: wire::DEFAULT_SANDBOX_NAMESPACE.to_owned(),
+            connection: ConnectionMode::default(),
+            sandbox_ready_timeout: Duration::from_secs(180),
+            port_forward_ready_timeout: Duration::from_secs(30),
+            gateway_ready_timeout: Duration::from_secs(180),
+            cleanup_timeout: Duration::from_secs(30),
+            request_timeout: Duration::from_secs(60),
+            retry: RetryPolicy::default(),
+            router_token: None,
+        }
+    }
+}
+
+impl ClientOptions {
+    /// Sets the claims' namespace.
+    #[must_use]
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = namespace.into();
+        self
+    }
+
+    /// Sets the connection mode.
+    #[must_use]
+    pub fn connection(mut self, connection: ConnectionMode) -> Self {
+        self.connection = connection;
+        self
+    }
+
+    /// Port-forward mode with the router in `namespace`.
+    #[must_use]
+    pub fn router_namespace(self, namespace: impl Into<String>) -> Self {
+        self.connection(ConnectionMode::port_forward_in(namespace))
+    }
+
+    /// Sets how long `create_sandbox` waits for Ready.
+    #[must_use]
+    pub fn sandbox_ready_timeout(mut self, timeout: Duration) -> Self {
+        self.sandbox_ready_timeout = timeout;
+        self
+    }
+
+    /// Sets the default deadline of one HTTP request.
+    #[must_use]
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// Sets the retry policy of file operations.
+    #[must_use]
+    pub fn retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// Sets the router bearer token.
+    #[must_use]
+    pub fn router_token(mut self, token: impl Into<String>) -> Self {
+        self.router_token = Some(token.into());
+        self
+    }
+
+    /// Sets the cleanup budget.
+    #[must_use]
+    pub fn cleanup_timeout(mut self, timeout: Duration) -> Self {
+        self.cleanup_timeout = timeout;
+        self
+    }
+}
+
+/// A step of [`Client::create_sandbox_with`](crate::Client::create_sandbox_with), for
+/// progress output (a spinner, a log line).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Progress {
+    /// The claim was created.
+    ClaimCreated {
+        /// Its generated name.
+        claim: String,
+    },
+    /// The claim is waiting (reason and message of its `Ready=False` condition).
+    Waiting {
+        /// Condition reason.
+        reason: String,
+        /// Condition message.
+        message: String,
+    },
+    /// The claim got its sandbox.
+    SandboxAssigned {
+        /// The Sandbox name.
+        sandbox: String,
+    },
+    /// The claim is Ready; connecting to the router.
+    Connecting,
+}
+
+/// A progress callback.
+pub type ProgressFn = Arc<dyn Fn(&Progress) + Send + Sync>;
+
+/// Options of [`Client::create_sandbox_with`](crate::Client::create_sandbox_with).
+#[derive(Clone, Default)]
+#[non_exhaustive]
+pub struct CreateOptions {
+    /// Claim expiry: `spec.lifecycle.shutdownTime = now + shutdown_after`, policy `Delete`.
+    pub shutdown_after: Option<Duration>,
+    /// Extra labels on the claim.
+    pub labels: BTreeMap<String, String>,
+    /// Labels added to the sandbox's pod (`spec.additionalPodMetadata`).
+    pub pod_labels: BTreeMap<String, String>,
+    /// Annotations added to the sandbox's pod.
+    pub pod_annotations: BTreeMap<String, String>,
+    /// Called at each step.
+    pub progress: Option<ProgressFn>,
+    /// Overrides [`ClientOptions::sandbox_ready_timeout`].
+    pub ready_timeout: Option<Duration>,
+}
+
+impl fmt::Debug for CreateOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CreateOptions")
+            .field("shutdown_after", &self.shutdown_after)
+            .field("labels", &self.labels)
+            .field("pod_labels", &self.pod_labels)
+            .field("pod_annotations", &self.pod_annotations)
+            .field("progress", &self.progress.is_some())
+            .field("ready_timeout", &self.ready_timeout)
+            .finish()
+    }
+}
+
+impl CreateOptions {
+    /// Sets the claim's expiry relative to now.
+    #[must_use]
+    pub fn shutdown_after(mut self, after: Duration) -> Self {
+        self.shutdown_after = Some(after);
+        self
+    }
+
+    /// Adds a label to the claim.
+    #[must_use]
+    pub fn label(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.labels.insert(key.into(), value.into());
+        self
+    }
+
+    /// Adds a label to the sandbox's pod.
+    #[must_use]
+    pub fn pod_label(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.pod_labels.insert(key.into(), value.into());
+        self
+    }
+
+    /// Adds an annotation to the sandbox's pod.
+    #[must_use]
+    pub fn pod_annotation(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.pod_annotations.insert(key.into(), value.into());
+        self
+    }
+
+    /// Sets the progress callback.
+    #[must_use]
+    pub fn on_progress(mut self, progress: impl Fn(&Progress) + Send + Sync + 'static) -> Self {
+        self.progress = Some(Arc::new(progress));
+        self
+    }
+
+    /// Sets how long to wait for Ready.
+    #[must_use]
+    pub fn ready_timeout(mut self, timeout: Duration) -> Self {
+        self.ready_timeout = Some(timeout);
+        self
+    }
+}
+
+/// How to run a command: `run_with`, `exec_stream`, `start_process`.
+#[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub struct ExecOptions {
+    /// The command line.
+    pub command: String,
+    /// Run through `/bin/sh -c` (pipes, `$(...)`, `&&`). `run_with` defaults to `false`
+    /// (upstream's shlex split, no shell); `exec_stream` and background processes always use a
+    /// shell unless [`ExecOptions::argv`] is set.
+    pub shell: bool,
+    /// Program and arguments, no shell (`exec_stream` and background processes only; `run_with`
+    /// ignores it).
+    pub argv: Option<Vec<String>>,
+    /// Working directory, relative to the sandbox's base directory.
+    pub cwd: Option<String>,
+    /// Environment variables added for the command.
+    pub env: BTreeMap<String, String>,
+    /// Command timeout: the runtime kills the whole process group after it. The request's
+    /// deadline is this plus a margin. Default: the runtime's (300 s); the request deadline is
+    /// then [`ClientOptions::request_timeout`] or 310 s, whichever is longer.
+    pub timeout: Option<Duration>,
+    /// Bytes for standard input.
+    pub stdin: Option<String>,
+    /// Cap on the bytes kept of each of stdout and stderr.
+    pub max_output_bytes: Option<u64>,
+    /// Attempts when the request fails before the command could have started (connection
+    /// errors, 502/503/504). Default 1: a command is never replayed unless the caller opts in,
+    /// because running it twice may not be harmless.
+    pub max_attempts: u32,
+}
+
+impl ExecOptions {
+    /// Options for `command`, run without a shell by `run_with`.
+    pub fn new(command: impl Into<String>) -> Self {
+        Self {
+            command: command.into(),
+            max_attempts: 1,
+            ..Self::default()
+        }
+    }
+
+    /// Options for `command` run through `/bin/sh -c`.
+    pub fn shell(command: impl Into<String>) -> Self {
+        Self::new(command).with_shell(true)
+    }
+
+    /// Options for a program with arguments, no shell.
+    pub fn argv<I, S>(argv: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let argv: Vec<String> = argv.into_iter().map(Into::into).collect();
+        let mut options = Self::new(argv.join(" "));
+        options.argv = Some(argv);
+        options
+    }
+
+    /// Sets whether a shell runs the command.
+    #[must_use]
+    pub fn with_shell(mut self, shell: bool) -> Self {
+        self.shell = shell;
+        self
+    }
+
+    /// Sets the working directory.
+    #[must_use]
+    pub fn cwd(mut self, cwd: impl Into<String>) -> Self {
+        self.cwd = Some(cwd.into());
+        self
+    }
+
+    /// Adds an environment variable.
+    #[must_use]
+    pub fn env(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.insert(name.into(), value.into());
+        self
+    }
+
+    /// Sets the command timeout.
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Sets standard input.
+    #[must_use]
+    pub fn stdin(mut self, stdin: impl Into<String>) -> Self {
+        self.stdin = Some(stdin.into());
+        self
+    }
+
+    /// Caps the output kept per stream.
+    #[must_use]
+    pub fn max_output_bytes(mut self, bytes: u64) -> Self {
+        self.max_output_bytes = Some(bytes);
+        self
+    }
+
+    /// Opts in to replaying the request up to `attempts` times in total when it fails on the
+    /// way (only for commands that are safe to run twice).
+    #[must_use]
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts.max(1);
+        self
+    }
+
+    /// The request deadline: the command's timeout plus a margin, never shorter than
+    /// `default`.
+    pub(crate) fn deadline(&self, default: Duration) -> Duration {
+        match self.timeout {
+            Some(timeout) => timeout + Duration::from_secs(10),
+            None => default.max(Duration::from_secs(310)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_starts_at_once_then_doubles_to_the_cap() {
+        let policy = RetryPolicy::default();
+        let delays: Vec<Duration> = (1..=8).map(|a| policy.base_delay(a)).collect();
+        assert_eq!(
+            delays,
+            [0, 0, 500, 1000, 2000, 4000, 8000, 8000].map(Duration::from_millis)
+        );
+        for _ in 0..100 {
+            let jittered = policy.delay(4);
+            assert!(
+                jittered >= Duration::from_millis(750) && jittered <= Duration::from_millis(1250)
+            );
+        }
+    }
+
+    #[test]
+    fn exec_defaults_never_replay() {
+        assert_eq!(ExecOptions::new("ls").max_attempts, 1);
+        assert_eq!(ExecOptions::shell("ls").max_attempts(0).max_attempts, 1);
+        assert!(ExecOptions::shell("ls").shell);
+    }
+}

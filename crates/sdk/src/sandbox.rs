@@ -1,0 +1,719 @@
+//! The [`Sandbox`] handle: commands, streamed exec, background processes, files, identity,
+//! expiry and lifecycle of one claimed sandbox.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use agent_sandbox_api::runtime::v1::{
+    self, DirectoryListing, ExecRequest, FileEntry, ProcessInfo, ProcessList, SignalName,
+    SignalRequest, StdinResponse,
+};
+use agent_sandbox_api::runtime::{ExecuteRequest, ExecuteResponse, paths};
+use bytes::Bytes;
+use http::{Method, StatusCode};
+use jiff::Timestamp;
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+use serde::de::DeserializeOwned;
+use tokio::io::AsyncRead;
+
+use crate::client::{ClaimKey, delete_claim, extend_claim};
+use crate::connection::{Connection, Connector};
+use crate::error::{Error, Result};
+use crate::exec::{Download, ExecStream, OutputFollower};
+use crate::options::{ClientOptions, ExecOptions, RetryPolicy};
+use crate::transport::{Call, Payload, Target, reader_body};
+
+/// Characters escaped in a file path segment of a URL: everything but unreserved characters.
+const PATH: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+
+/// Who a sandbox is: its claim, Sandbox, pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Identity {
+    pub(crate) namespace: String,
+    pub(crate) claim: String,
+    pub(crate) sandbox: String,
+    pub(crate) pod: String,
+    pub(crate) pod_ip: Option<String>,
+}
+
+/// The result of [`Sandbox::run`]: the command's output and exit status.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ExecutionResult {
+    /// Standard output (UTF-8, invalid sequences replaced).
+    pub stdout: String,
+    /// Standard error.
+    pub stderr: String,
+    /// Exit code: 124 after a timeout, 127 for a command not found, minus the signal number
+    /// when a signal ended it.
+    pub exit_code: i32,
+    /// The timeout killed the command.
+    pub timed_out: bool,
+    /// Standard output was cut at the output cap.
+    pub stdout_truncated: bool,
+    /// Standard error was cut at the output cap.
+    pub stderr_truncated: bool,
+    /// Wall-clock time the command took, as the runtime measured it (absent from upstream
+    /// runtimes).
+    pub duration: Option<Duration>,
+}
+
+impl ExecutionResult {
+    /// Whether the command exited with 0.
+    pub fn success(&self) -> bool {
+        self.exit_code == 0
+    }
+
+    /// A result with exit code 0 and this stdout (handy for scripting fakes).
+    pub fn ok(stdout: impl Into<String>) -> Self {
+        Self {
+            stdout: stdout.into(),
+            ..Self::default()
+        }
+    }
+
+    /// A result with this exit code and stderr.
+    pub fn failed(exit_code: i32, stderr: impl Into<String>) -> Self {
+        Self {
+            stderr: stderr.into(),
+            exit_code,
+            ..Self::default()
+        }
+    }
+}
+
+impl From<ExecuteResponse> for ExecutionResult {
+    fn from(r: ExecuteResponse) -> Self {
+        Self {
+            stdout: r.stdout,
+            stderr: r.stderr,
+            exit_code: r.exit_code,
+            timed_out: r.timed_out.unwrap_or(false),
+            stdout_truncated: r.stdout_truncated.unwrap_or(false),
+            stderr_truncated: r.stderr_truncated.unwrap_or(false),
+            duration: r.duration_ms.map(Duration::from_millis),
+        }
+    }
+}
+
+/// A handle to one claimed sandbox.
+///
+/// Cheap to clone (clones share the connection state). Dropping it keeps the claim; call
+/// [`Sandbox::close`] to delete it, or rely on the claim's expiry ([`Sandbox::extend_ttl`]).
+///
+/// ```no_run
+/// # async fn demo(sandbox: agent_sandbox::Sandbox) -> agent_sandbox::Result<()> {
+/// use agent_sandbox::ExecOptions;
+///
+/// sandbox.write("src/main.py", "print('hi')").await?;
+/// let result = sandbox
+///     .run_with(ExecOptions::shell("cd src && python3 main.py").env("PYTHONUNBUFFERED", "1"))
+///     .await?;
+/// assert_eq!(result.stdout, "hi\n");
+/// let names: Vec<String> = sandbox.list("src").await?.into_iter().map(|e| e.name).collect();
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Sandbox {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inner")
+            .field("identity", &self.identity)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    identity: Identity,
+    target: Target,
+    kube: kube::Client,
+    options: ClientOptions,
+    connector: Arc<Connector>,
+    created: Arc<Mutex<BTreeSet<ClaimKey>>>,
+    connection: Mutex<Option<Arc<Connection>>>,
+}
+
+impl Sandbox {
+    pub(crate) fn new(
+        identity: Identity,
+        kube: kube::Client,
+        options: ClientOptions,
+        connector: Arc<Connector>,
+        created: Arc<Mutex<BTreeSet<ClaimKey>>>,
+    ) -> Self {
+        let target = Target {
+            sandbox: identity.sandbox.clone(),
+            namespace: identity.namespace.clone(),
+        };
+        Self {
+            inner: Arc::new(Inner {
+                identity,
+                target,
+                kube,
+                options,
+                connector,
+                created,
+                connection: Mutex::new(None),
+            }),
+        }
+    }
+
+    /// Namespace of the claim and sandbox.
+    pub fn namespace(&self) -> &str {
+        &self.inner.identity.namespace
+    }
+
+    /// Name of the SandboxClaim.
+    pub fn claim_name(&self) -> &str {
+        &self.inner.identity.claim
+    }
+
+    /// Name of the Sandbox (a warm-pool member keeps its `<pool>-xxxxx` name).
+    pub fn sandbox_name(&self) -> &str {
+        &self.inner.identity.sandbox
+    }
+
+    /// Name of the sandbox's pod.
+    pub fn pod_name(&self) -> &str {
+        &self.inner.identity.pod
+    }
+
+    /// The pod's IP (IPv4 preferred), when the claim reported one.
+    pub fn pod_ip(&self) -> Option<&str> {
+        self.inner.identity.pod_ip.as_deref()
+    }
+
+    /// (Re)connects to the router: after [`Sandbox::disconnect`], or when the port-forward
+    /// tunnel died. A no-op when connected.
+    pub async fn open(&self) -> Result<()> {
+        if self.connection().is_ok() {
+            return Ok(());
+        }
+        let connection = self.inner.connector.connect().await?;
+        *self
+            .inner
+            .connection
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(connection);
+        Ok(())
+    }
+
+    /// Whether the handle is connected and its transport is alive. Turns false as soon as a
+    /// port-forward tunnel is found dead (not after a timeout); [`Sandbox::open`] reconnects.
+    pub fn is_ready(&self) -> bool {
+        self.connection().is_ok()
+    }
+
+    /// Drops the transport and keeps the claim: the sandbox stays claimed (and warm) until it
+    /// expires or is closed. [`Sandbox::open`] reconnects.
+    pub async fn disconnect(&self) {
+        let dropped = self
+            .inner
+            .connection
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        drop(dropped);
+    }
+
+    /// Deletes the claim (and with it the sandbox) and drops the transport. Idempotent.
+    pub async fn close(&self) -> Result<()> {
+        self.disconnect().await;
+        let budget = self.inner.options.cleanup_timeout;
+        let deleted = tokio::time::timeout(
+            budget,
+            delete_claim(&self.inner.kube, self.namespace(), self.claim_name()),
+        )
+        .await
+        .map_err(|_| Error::Timeout {
+            operation: format!("delete SandboxClaim {}", self.claim_name()),
+            sandbox: self.sandbox_name().to_owned(),
+            after: budget,
+        })?;
+        deleted?;
+        self.inner
+            .created
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&(self.namespace().to_owned(), self.claim_name().to_owned()));
+        Ok(())
+    }
+
+    /// Moves the claim's expiry to now + `ttl` (`lifecycle.shutdownTime`, policy `Delete`),
+    /// retrying on 409 conflicts. Returns the new shutdown time.
+    ///
+    /// ```no_run
+    /// # async fn demo(sandbox: agent_sandbox::Sandbox) -> agent_sandbox::Result<()> {
+    /// // After every tool call of an agent: the sandbox lives 5 minutes past the last one.
+    /// sandbox.extend_ttl(std::time::Duration::from_secs(300)).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn extend_ttl(&self, ttl: Duration) -> Result<Timestamp> {
+        extend_claim(&self.inner.kube, self.namespace(), self.claim_name(), ttl).await
+    }
+
+    /// Mints a scoped router token for this sandbox (see
+    /// [`Client::mint_token`](crate::Client::mint_token)).
+    pub fn mint_token(&self, key: &[u8], ttl: Duration) -> Result<String> {
+        crate::client::mint_token(key, self.namespace(), self.sandbox_name(), ttl)
+    }
+
+    fn connection(&self) -> Result<Arc<Connection>> {
+        let guard = self
+            .inner
+            .connection
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let Some(connection) = guard.as_ref() else {
+            return Err(Error::NotConnected {
+                sandbox: self.sandbox_name().to_owned(),
+                reason: "disconnected".to_owned(),
+            });
+        };
+        connection.check().map_err(|reason| Error::NotConnected {
+            sandbox: self.sandbox_name().to_owned(),
+            reason,
+        })?;
+        Ok(connection.clone())
+    }
+
+    /// The local port-forward listener, in port-forward mode.
+    pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
+        self.connection().ok().and_then(|c| c.local_addr())
+    }
+
+    /// The router base URL requests go to.
+    pub fn router_url(&self) -> Option<String> {
+        self.connection()
+            .ok()
+            .map(|c| c.transport.base().to_owned())
+    }
+
+    fn call(&self, operation: String, method: Method, path: String, payload: Payload) -> Call {
+        Call {
+            operation,
+            method,
+            path,
+            payload,
+            timeout: self.inner.options.request_timeout,
+            retry: self.inner.options.retry,
+        }
+    }
+
+    async fn send(&self, call: Call) -> Result<http::Response<hyper::body::Incoming>> {
+        let connection = self.connection()?;
+        connection.transport.send(&self.inner.target, call).await
+    }
+
+    async fn send_json<T: DeserializeOwned>(&self, call: Call) -> Result<T> {
+        let operation = call.operation.clone();
+        let connection = self.connection()?;
+        let bytes = connection
+            .transport
+            .send_collect(&self.inner.target, call)
+            .await?;
+        serde_json::from_slice(&bytes).map_err(|e| Error::Decode {
+            operation,
+            sandbox: self.sandbox_name().to_owned(),
+            message: e.to_string(),
+        })
+    }
+
+    async fn send_empty(&self, call: Call) -> Result<()> {
+        let connection = self.connection()?;
+        connection
+            .transport
+            .send_collect(&self.inner.target, call)
+            .await
+            .map(drop)
+    }
+
+    /// Runs `command` (upstream's `/execute`: split shlex-style and run without a shell) and
+    /// returns its output. Never replayed. For shell syntax use
+    /// `run_with(ExecOptions::shell(..))`.
+    pub async fn run(&self, command: &str) -> Result<ExecutionResult> {
+        self.run_with(ExecOptions::new(command)).await
+    }
+
+    /// Runs a command with options (shell, cwd, env, timeout, stdin) through `/execute`. Sent
+    /// once unless [`ExecOptions::max_attempts`] opts in to replays.
+    pub async fn run_with(&self, options: ExecOptions) -> Result<ExecutionResult> {
+        let request = ExecuteRequest {
+            command: options.command.clone(),
+            shell: options.shell.then_some(true),
+            cwd: options.cwd.clone(),
+            env: (!options.env.is_empty()).then(|| options.env.clone()),
+            timeout_seconds: options.timeout.map(|t| t.as_secs_f64()),
+            stdin: options.stdin.clone(),
+            max_output_bytes: options.max_output_bytes,
+        };
+        let body = json_body(&request)?;
+        let mut call = self.call(
+            "run".to_owned(),
+            Method::POST,
+            paths::EXECUTE.to_owned(),
+            Payload::Bytes(body, "application/json"),
+        );
+        call.timeout = options.deadline(self.inner.options.request_timeout);
+        call.retry = RetryPolicy::attempts(options.max_attempts);
+        let response: ExecuteResponse = self.send_json(call).await?;
+        Ok(response.into())
+    }
+
+    /// Runs a command through `/v1/exec` and streams its output as it is produced. A shell
+    /// runs `options.command` unless [`ExecOptions::argv`] is set. Never replayed unless opted
+    /// in.
+    ///
+    /// ```no_run
+    /// # async fn demo(sandbox: agent_sandbox::Sandbox) -> agent_sandbox::Result<()> {
+    /// use agent_sandbox::{ExecEvent, ExecOptions};
+    ///
+    /// let mut stream = sandbox.exec_stream(ExecOptions::shell("make 2>&1")).await?;
+    /// while let Some(event) = stream.next_event().await {
+    ///     match event? {
+    ///         ExecEvent::Stdout(chunk) | ExecEvent::Stderr(chunk) => {
+    ///             print!("{}", String::from_utf8_lossy(&chunk.bytes().unwrap_or_default()))
+    ///         }
+    ///         ExecEvent::Exit(exit) => println!("exit code {:?}", exit.exit_code),
+    ///         _ => {}
+    ///     }
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn exec_stream(&self, options: ExecOptions) -> Result<ExecStream> {
+        let request = exec_request(&options);
+        let body = json_body(&request)?;
+        let deadline = options.deadline(self.inner.options.request_timeout);
+        let mut call = self.call(
+            "exec".to_owned(),
+            Method::POST,
+            v1::paths::EXEC.to_owned(),
+            Payload::Bytes(body, "application/json"),
+        );
+        call.timeout = deadline;
+        call.retry = RetryPolicy::attempts(options.max_attempts);
+        let response = self.send(call).await?;
+        Ok(ExecStream::new(
+            response.into_body(),
+            "exec".to_owned(),
+            self.sandbox_name().to_owned(),
+            Some(deadline),
+        ))
+    }
+
+    /// Starts a background process (`POST /v1/processes`); it runs until it exits, is signalled
+    /// or killed, or the sandbox goes away. Never replayed.
+    pub async fn start_process(&self, options: ExecOptions) -> Result<ProcessInfo> {
+        let request = exec_request(&options);
+        let mut call = self.call(
+            "start process".to_owned(),
+            Method::POST,
+            v1::paths::PROCESSES.to_owned(),
+            Payload::Bytes(json_body(&request)?, "application/json"),
+        );
+        call.retry = RetryPolicy::attempts(options.max_attempts);
+        self.send_json(call).await
+    }
+
+    /// The background processes (running and recently finished).
+    pub async fn processes(&self) -> Result<Vec<ProcessInfo>> {
+        let call = self.call(
+            "list processes".to_owned(),
+            Method::GET,
+            v1::paths::PROCESSES.to_owned(),
+            Payload::Empty,
+        );
+        let list: ProcessList = self.send_json(call).await?;
+        Ok(list.processes)
+    }
+
+    /// One background process.
+    pub async fn process(&self, id: &str) -> Result<ProcessInfo> {
+        let call = self.call(
+            format!("get process {id}"),
+            Method::GET,
+            process_path(id, ""),
+            Payload::Empty,
+        );
+        self.send_json(call).await
+    }
+
+    /// The output of a background process from byte `offset` up to what is buffered now
+    /// (ends with `End` while it runs, `Exit` once it ended).
+    pub async fn process_output(&self, id: &str, offset: u64) -> Result<ExecStream> {
+        self.output_stream(id, offset, false).await
+    }
+
+    /// Follows the output of a background process from byte `offset` until it exits,
+    /// reconnecting from the last byte seen when the connection drops (up to 5 times in a row).
+    pub fn follow_output(&self, id: &str, offset: u64) -> OutputFollower {
+        OutputFollower::new(self.clone(), id.to_owned(), offset)
+    }
+
+    pub(crate) async fn output_stream(
+        &self,
+        id: &str,
+        offset: u64,
+        follow: bool,
+    ) -> Result<ExecStream> {
+        let mut call = self.call(
+            format!("read output of process {id}"),
+            Method::GET,
+            process_path(id, &format!("/output?offset={offset}&follow={follow}")),
+            Payload::Empty,
+        );
+        if follow {
+            // The stream lasts as long as the process; the router's cap bounds it.
+            call.timeout = Duration::from_secs(24 * 3600);
+        }
+        let response = self.send(call).await?;
+        Ok(ExecStream::new(
+            response.into_body(),
+            format!("output of process {id}"),
+            self.sandbox_name().to_owned(),
+            None,
+        ))
+    }
+
+    /// Sends a signal (`"TERM"`, `"KILL"`, `"INT"`, ... or a number as text) to a background
+    /// process's whole process group.
+    pub async fn signal_process(&self, id: &str, signal: &str) -> Result<ProcessInfo> {
+        let signal = match signal.parse::<i32>() {
+            Ok(number) => SignalName::Number(number),
+            Err(_) => SignalName::Name(signal.to_owned()),
+        };
+        let call = self.call(
+            format!("signal process {id}"),
+            Method::POST,
+            process_path(id, "/signal"),
+            Payload::Bytes(json_body(&SignalRequest { signal })?, "application/json"),
+        );
+        self.send_json(call).await
+    }
+
+    /// Writes to the standard input of a background process started with stdin open;
+    /// `eof` closes it afterwards.
+    pub async fn write_stdin(&self, id: &str, data: impl Into<Bytes>, eof: bool) -> Result<u64> {
+        let mut call = self.call(
+            format!("write stdin of process {id}"),
+            Method::POST,
+            process_path(id, &format!("/stdin?eof={eof}")),
+            Payload::Bytes(data.into(), "application/octet-stream"),
+        );
+        call.retry = RetryPolicy::never();
+        let answer: StdinResponse = self.send_json(call).await?;
+        Ok(answer.written)
+    }
+
+    /// Kills a background process's group (if it runs) and forgets it.
+    pub async fn kill_process(&self, id: &str) -> Result<()> {
+        let call = self.call(
+            format!("kill process {id}"),
+            Method::DELETE,
+            process_path(id, ""),
+            Payload::Empty,
+        );
+        self.send_empty(call).await
+    }
+
+    /// Writes `data` to `path` (parents are created; replaced atomically). Retried.
+    pub async fn write(&self, path: &str, data: impl Into<Bytes>) -> Result<()> {
+        let call = self.call(
+            format!("write {path}"),
+            Method::PUT,
+            file_path(path, ""),
+            Payload::Bytes(data.into(), "application/octet-stream"),
+        );
+        self.send_empty(call).await
+    }
+
+    /// Streams `reader` into `path` without buffering it. Sent once (a reader cannot be
+    /// rewound); use [`Sandbox::upload_file`] for a retried upload of a local file.
+    pub async fn upload(&self, path: &str, reader: impl AsyncRead + Send + 'static) -> Result<()> {
+        let mut call = self.call(
+            format!("upload {path}"),
+            Method::PUT,
+            file_path(path, ""),
+            Payload::Once(Some(reader_body(reader))),
+        );
+        call.timeout = call.timeout.max(Duration::from_secs(3600));
+        self.send_empty(call).await
+    }
+
+    /// Streams the local file `local` into `path`; retried (the file is reopened each time).
+    pub async fn upload_file(&self, path: &str, local: impl AsRef<Path>) -> Result<()> {
+        let mut call = self.call(
+            format!("upload {path}"),
+            Method::PUT,
+            file_path(path, ""),
+            Payload::File(local.as_ref().to_path_buf()),
+        );
+        call.timeout = call.timeout.max(Duration::from_secs(3600));
+        self.send_empty(call).await
+    }
+
+    /// Reads the whole file at `path`. Retried.
+    pub async fn read(&self, path: &str) -> Result<Bytes> {
+        let call = self.call(
+            format!("read {path}"),
+            Method::GET,
+            file_path(path, ""),
+            Payload::Empty,
+        );
+        let connection = self.connection()?;
+        connection
+            .transport
+            .send_collect(&self.inner.target, call)
+            .await
+    }
+
+    /// Streams the file at `path` (an [`AsyncRead`]), without buffering it. Retried until the
+    /// answer starts.
+    pub async fn download(&self, path: &str) -> Result<Download> {
+        let mut call = self.call(
+            format!("download {path}"),
+            Method::GET,
+            file_path(path, ""),
+            Payload::Empty,
+        );
+        call.timeout = call.timeout.max(Duration::from_secs(3600));
+        let response = self.send(call).await?;
+        Ok(Download::new(response))
+    }
+
+    /// Lists the directory at `path` (`""` or `"."` for the base directory), sorted by name.
+    /// Retried.
+    pub async fn list(&self, path: &str) -> Result<Vec<FileEntry>> {
+        let call = self.call(
+            format!("list {path}"),
+            Method::GET,
+            file_path(path, ""),
+            Payload::Empty,
+        );
+        let listing: DirectoryListing = self.send_json(call).await?;
+        Ok(listing.entries)
+    }
+
+    /// Whether `path` exists. Retried.
+    pub async fn exists(&self, path: &str) -> Result<bool> {
+        let call = self.call(
+            format!("stat {path}"),
+            Method::HEAD,
+            file_path(path, ""),
+            Payload::Empty,
+        );
+        match self.send_empty(call).await {
+            Ok(()) => Ok(true),
+            Err(error) if error.status() == Some(StatusCode::NOT_FOUND.as_u16()) => Ok(false),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Removes a file, a symlink or an empty directory; with `recursive`, a directory and its
+    /// contents. Retried (a retry after a lost answer finds nothing: 404 is an error).
+    pub async fn remove(&self, path: &str, recursive: bool) -> Result<()> {
+        let query = if recursive { "?recursive=true" } else { "" };
+        let call = self.call(
+            format!("remove {path}"),
+            Method::DELETE,
+            file_path(path, query),
+            Payload::Empty,
+        );
+        self.send_empty(call).await
+    }
+
+    /// Creates the directory `path` and its missing parents (no error if it exists). Retried.
+    pub async fn mkdir(&self, path: &str) -> Result<()> {
+        let call = self.call(
+            format!("mkdir {path}"),
+            Method::POST,
+            file_path(path, &format!("?op={}", v1::FILES_OP_MKDIR)),
+            Payload::Empty,
+        );
+        self.send_empty(call).await
+    }
+}
+
+fn json_body<T: serde::Serialize>(value: &T) -> Result<Bytes> {
+    serde_json::to_vec(value)
+        .map(Bytes::from)
+        .map_err(|e| Error::InvalidOption {
+            option: "request",
+            message: e.to_string(),
+        })
+}
+
+/// The `/v1` request for `options` (sans IO).
+pub(crate) fn exec_request(options: &ExecOptions) -> ExecRequest {
+    ExecRequest {
+        command: options.argv.is_none().then(|| options.command.clone()),
+        argv: options.argv.clone(),
+        cwd: options.cwd.clone(),
+        env: (!options.env.is_empty()).then(|| options.env.clone()),
+        timeout_seconds: options.timeout.map(|t| t.as_secs_f64()),
+        stdin: options.stdin.clone(),
+        max_output_bytes: options.max_output_bytes,
+        stdin_open: None,
+    }
+}
+
+/// `/v1/files/<encoded path><query>` (sans IO). The whole path is one encoded segment, so
+/// `..`, `/` and `%` reach the runtime exactly as given (it confines them).
+pub(crate) fn file_path(path: &str, query: &str) -> String {
+    let path = path.trim_start_matches("./");
+    let path = if path == "." { "" } else { path };
+    format!(
+        "{}{}{query}",
+        v1::paths::FILES,
+        utf8_percent_encode(path, PATH)
+    )
+}
+
+fn process_path(id: &str, rest: &str) -> String {
+    format!(
+        "{}/{}{rest}",
+        v1::paths::PROCESSES,
+        utf8_percent_encode(id, PATH)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_paths_are_one_encoded_segment() {
+        assert_eq!(
+            file_path("data/in put.csv", ""),
+            "/v1/files/data%2Fin%20put.csv"
+        );
+        assert_eq!(file_path(".", ""), "/v1/files/");
+        assert_eq!(
+            file_path("./a", "?recursive=true"),
+            "/v1/files/a?recursive=true"
+        );
+        assert_eq!(file_path("/app/x", ""), "/v1/files/%2Fapp%2Fx");
+    }
+
+    #[test]
+    fn exec_requests_use_a_shell_unless_argv_is_given() {
+        let shell = exec_request(&ExecOptions::new("echo $HOME").timeout(Duration::from_secs(2)));
+        assert_eq!(shell.command.as_deref(), Some("echo $HOME"));
+        assert_eq!(shell.timeout_seconds, Some(2.0));
+        let argv = exec_request(&ExecOptions::argv(["ls", "-l"]));
+        assert_eq!(argv.command, None);
+        assert_eq!(argv.argv, Some(vec!["ls".to_owned(), "-l".to_owned()]));
+    }
+}

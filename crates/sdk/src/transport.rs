@@ -1,0 +1,439 @@
+//! HTTP to the router: one pooled HTTP/1.1 client per connection, the `X-Sandbox-*` headers,
+//! per-attempt deadlines and the retry loop.
+//!
+//! Retry decisions are the pure [`classify`]; [`Transport::send`] applies them.
+
+use std::time::Duration;
+
+use agent_sandbox_api::wire::{self, headers};
+use bytes::Bytes;
+use futures_util::TryStreamExt as _;
+use http::{HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt as _, Empty, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::Client as HyperClient;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use tokio::io::AsyncRead;
+use tokio::time::Instant;
+use tokio_util::io::ReaderStream;
+
+use crate::error::{Error, Result};
+use crate::options::RetryPolicy;
+
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// Request body type of every call.
+pub(crate) type Body = UnsyncBoxBody<Bytes, BoxError>;
+
+/// Longest error body kept in [`Error::Http`].
+const MAX_ERROR_BODY: usize = 512;
+
+/// Where the requests of one sandbox go and how they are labelled.
+#[derive(Clone, Debug)]
+pub(crate) struct Target {
+    /// Sandbox name (`X-Sandbox-ID`).
+    pub(crate) sandbox: String,
+    /// Namespace (`X-Sandbox-Namespace`).
+    pub(crate) namespace: String,
+}
+
+/// A body that can be sent again on a retry, or only once.
+pub(crate) enum Payload {
+    /// No body.
+    Empty,
+    /// Bytes (cheap to clone): retryable.
+    Bytes(Bytes, &'static str),
+    /// A local file, reopened for each attempt: retryable.
+    File(std::path::PathBuf),
+    /// A reader: sent once, never retried.
+    Once(Option<Body>),
+}
+
+impl Payload {
+    fn retryable(&self) -> bool {
+        !matches!(self, Self::Once(_))
+    }
+
+    async fn body(&mut self) -> Result<(Body, Option<&'static str>, Option<u64>)> {
+        Ok(match self {
+            Self::Empty => (
+                Empty::new().map_err(|e| match e {}).boxed_unsync(),
+                None,
+                None,
+            ),
+            Self::Bytes(bytes, content_type) => {
+                let len = bytes.len() as u64;
+                (
+                    Full::new(bytes.clone())
+                        .map_err(|e| match e {})
+                        .boxed_unsync(),
+                    Some(*content_type),
+                    Some(len),
+                )
+            }
+            Self::File(path) => {
+                let file =
+                    tokio::fs::File::open(&*path)
+                        .await
+                        .map_err(|source| Error::LocalIo {
+                            operation: "open",
+                            path: path.display().to_string(),
+                            source,
+                        })?;
+                let len = file.metadata().await.ok().map(|m| m.len());
+                (reader_body(file), Some("application/octet-stream"), len)
+            }
+            Self::Once(body) => (
+                body.take()
+                    .unwrap_or_else(|| Empty::new().map_err(|e| match e {}).boxed_unsync()),
+                Some("application/octet-stream"),
+                None,
+            ),
+        })
+    }
+}
+
+/// A streamed request body from a reader.
+pub(crate) fn reader_body(reader: impl AsyncRead + Send + 'static) -> Body {
+    let stream = ReaderStream::with_capacity(reader, 64 * 1024)
+        .map_ok(Frame::data)
+        .map_err(|e| Box::new(e) as BoxError);
+    StreamBody::new(stream).boxed_unsync()
+}
+
+/// Pooled HTTP/1.1 client, plain or TLS.
+#[derive(Clone, Debug)]
+enum HttpClient {
+    Plain(HyperClient<HttpConnector, Body>),
+    Tls(HyperClient<HttpsConnector<HttpConnector>, Body>),
+}
+
+/// HTTP to one router base URL.
+#[derive(Clone, Debug)]
+pub(crate) struct Transport {
+    base: String,
+    client: HttpClient,
+    token: Option<String>,
+}
+
+/// What to do after one attempt.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// Done (success or a final error status).
+    Final,
+    /// Retry if attempts remain.
+    Retry,
+}
+
+/// Whether a status (or, with `None`, a transport error) is worth another attempt: connection
+/// failures and 500/502/503/504.
+pub(crate) fn classify(status: Option<StatusCode>) -> Outcome {
+    match status {
+        None => Outcome::Retry,
+        Some(s) if matches!(s.as_u16(), 500 | 502 | 503 | 504) => Outcome::Retry,
+        Some(_) => Outcome::Final,
+    }
+}
+
+/// One call.
+pub(crate) struct Call {
+    /// Operation name for errors (`read src/a.py`).
+    pub(crate) operation: String,
+    pub(crate) method: Method,
+    /// Path and query, starting with `/`.
+    pub(crate) path: String,
+    pub(crate) payload: Payload,
+    /// Deadline of each attempt (headers and, for collected bodies, the body) and the
+    /// `X-Sandbox-Timeout` value.
+    pub(crate) timeout: Duration,
+    pub(crate) retry: RetryPolicy,
+}
+
+impl Transport {
+    /// A transport to `base` (`http://host:port` or `https://...`).
+    pub(crate) fn new(base: &str, token: Option<String>) -> Result<Self> {
+        let base = base.trim_end_matches('/').to_owned();
+        let uri: http::Uri = base.parse().map_err(|e| Error::InvalidOption {
+            option: "router URL",
+            message: format!("{base:?} is not a URL: {e}"),
+        })?;
+        let builder = HyperClient::builder(TokioExecutor::new());
+        let client = match uri.scheme_str() {
+            Some("http") => {
+                let mut connector = HttpConnector::new();
+                connector.set_nodelay(true);
+                HttpClient::Plain(builder.build(connector))
+            }
+            Some("https") => {
+                let mut connector = HttpConnector::new();
+                connector.set_nodelay(true);
+                connector.enforce_http(false);
+                let https = hyper_rustls::HttpsConnectorBuilder::new()
+                    .with_provider_and_native_roots(rustls::crypto::aws_lc_rs::default_provider())
+                    .map_err(|e| Error::InvalidOption {
+                        option: "router URL",
+                        message: format!("cannot load the system's TLS roots for {base}: {e}"),
+                    })?
+                    .https_only()
+                    .enable_http1()
+                    .wrap_connector(connector);
+                HttpClient::Tls(builder.build(https))
+            }
+            _ => {
+                return Err(Error::InvalidOption {
+                    option: "router URL",
+                    message: format!("{base:?} must start with http:// or https://"),
+                });
+            }
+        };
+        Ok(Self {
+            base,
+            client,
+            token,
+        })
+    }
+
+    /// The base URL.
+    pub(crate) fn base(&self) -> &str {
+        &self.base
+    }
+
+    async fn attempt(
+        &self,
+        target: &Target,
+        call: &mut Call,
+        deadline: Duration,
+    ) -> Result<Response<Incoming>, AttemptError> {
+        let (body, content_type, len) = call.payload.body().await.map_err(AttemptError::Fatal)?;
+        let mut request = Request::builder()
+            .method(call.method.clone())
+            .uri(format!("{}{}", self.base, call.path));
+        let request_headers = request.headers_mut().ok_or_else(|| {
+            AttemptError::Fatal(Error::InvalidOption {
+                option: "request",
+                message: format!("{}{} is not a valid request URI", self.base, call.path),
+            })
+        })?;
+        let value = |s: &str| {
+            HeaderValue::from_str(s).map_err(|_| {
+                AttemptError::Fatal(Error::InvalidOption {
+                    option: "header",
+                    message: format!("{s:?} is not a valid header value"),
+                })
+            })
+        };
+        request_headers.insert(headers::SANDBOX_ID, value(&target.sandbox)?);
+        request_headers.insert(headers::SANDBOX_NAMESPACE, value(&target.namespace)?);
+        request_headers.insert(headers::SANDBOX_PORT, HeaderValue::from(wire::RUNTIME_PORT));
+        request_headers.insert(
+            headers::SANDBOX_TIMEOUT,
+            value(&format!("{:.3}", deadline.as_secs_f64()))?,
+        );
+        request_headers.insert(
+            headers::REQUEST_ID,
+            value(&format!("{:016x}", fastrand::u64(..)))?,
+        );
+        if let Some(token) = &self.token {
+            request_headers.insert(
+                http::header::AUTHORIZATION,
+                value(&format!("Bearer {token}"))?,
+            );
+        }
+        if let Some(content_type) = content_type {
+            request_headers.insert(
+                http::header::CONTENT_TYPE,
+                HeaderValue::from_static(content_type),
+            );
+        }
+        if let Some(len) = len {
+            request_headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(len));
+        }
+        let request = request.body(body).map_err(|e| {
+            AttemptError::Fatal(Error::InvalidOption {
+                option: "request",
+                message: e.to_string(),
+            })
+        })?;
+        let sent = match &self.client {
+            HttpClient::Plain(client) => client.request(request),
+            HttpClient::Tls(client) => client.request(request),
+        };
+        match tokio::time::timeout(deadline, sent).await {
+            Err(_) => Err(AttemptError::Timeout),
+            Ok(Err(e)) => Err(AttemptError::Transport(Box::new(e))),
+            Ok(Ok(response)) => Ok(response),
+        }
+    }
+
+    /// Sends `call` for `target`, retrying per `call.retry` (only retryable payloads), and
+    /// returns the successful (2xx) response with its body unread.
+    pub(crate) async fn send(&self, target: &Target, mut call: Call) -> Result<Response<Incoming>> {
+        let attempts = if call.payload.retryable() {
+            call.retry.max_attempts.max(1)
+        } else {
+            1
+        };
+        let mut last = None;
+        for attempt in 1..=attempts {
+            let pause = call.retry.delay(attempt);
+            if !pause.is_zero() {
+                tokio::time::sleep(pause).await;
+            }
+            let deadline = call.timeout;
+            let started = Instant::now();
+            let (error, outcome) = match self.attempt(target, &mut call, deadline).await {
+                Ok(response) if response.status().is_success() => return Ok(response),
+                Ok(response) => {
+                    let status = response.status();
+                    let remaining = deadline.saturating_sub(started.elapsed());
+                    let body = error_body(response, remaining).await;
+                    (
+                        Error::Http {
+                            operation: call.operation.clone(),
+                            sandbox: target.sandbox.clone(),
+                            status: status.as_u16(),
+                            body,
+                        },
+                        classify(Some(status)),
+                    )
+                }
+                Err(AttemptError::Fatal(error)) => return Err(error),
+                Err(AttemptError::Timeout) => (
+                    Error::Timeout {
+                        operation: call.operation.clone(),
+                        sandbox: target.sandbox.clone(),
+                        after: deadline,
+                    },
+                    // A request that timed out may have reached the sandbox; file operations
+                    // are idempotent, so retrying them is safe, and commands opt in.
+                    Outcome::Retry,
+                ),
+                Err(AttemptError::Transport(source)) => (
+                    Error::Transport {
+                        operation: call.operation.clone(),
+                        sandbox: target.sandbox.clone(),
+                        message: describe(&*source),
+                        source: Some(source),
+                    },
+                    classify(None),
+                ),
+            };
+            if outcome == Outcome::Final {
+                return Err(error);
+            }
+            tracing::debug!(attempt, attempts, %error, "request failed");
+            last = Some(error);
+        }
+        let last = last.unwrap_or_else(|| Error::Transport {
+            operation: call.operation.clone(),
+            sandbox: target.sandbox.clone(),
+            message: "no attempt was made".to_owned(),
+            source: None,
+        });
+        if attempts > 1 {
+            Err(Error::RetriesExhausted {
+                operation: call.operation,
+                sandbox: target.sandbox.clone(),
+                attempts,
+                last: Box::new(last),
+            })
+        } else {
+            Err(last)
+        }
+    }
+
+    /// Like [`Transport::send`], then reads the whole body within the call's deadline. Body
+    /// read failures of retryable calls are retried too.
+    pub(crate) async fn send_collect(&self, target: &Target, call: Call) -> Result<Bytes> {
+        let operation = call.operation.clone();
+        let timeout = call.timeout;
+        let response = self.send(target, call).await?;
+        match tokio::time::timeout(timeout, response.into_body().collect()).await {
+            Err(_) => Err(Error::Timeout {
+                operation,
+                sandbox: target.sandbox.clone(),
+                after: timeout,
+            }),
+            Ok(Err(e)) => Err(Error::Transport {
+                operation,
+                sandbox: target.sandbox.clone(),
+                message: format!("reading the answer failed: {e}"),
+                source: Some(Box::new(e)),
+            }),
+            Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        }
+    }
+}
+
+enum AttemptError {
+    Fatal(Error),
+    Timeout,
+    Transport(BoxError),
+}
+
+/// The first bytes of an error body, as text.
+async fn error_body(response: Response<Incoming>, within: Duration) -> String {
+    let mut body = response.into_body();
+    let mut kept = Vec::new();
+    let read = async {
+        while let Some(Ok(frame)) = body.frame().await {
+            if let Ok(data) = frame.into_data() {
+                let room = MAX_ERROR_BODY.saturating_sub(kept.len());
+                kept.extend_from_slice(&data[..data.len().min(room)]);
+                if kept.len() >= MAX_ERROR_BODY {
+                    break;
+                }
+            }
+        }
+    };
+    let _ = tokio::time::timeout(within.min(Duration::from_secs(5)), read).await;
+    String::from_utf8_lossy(&kept).trim().to_owned()
+}
+
+/// An error and its sources on one line.
+pub(crate) fn describe(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(inner) = source {
+        text.push_str(": ");
+        text.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_connection_errors_and_gateway_statuses_are_retried() {
+        assert_eq!(classify(None), Outcome::Retry);
+        for code in [500, 502, 503, 504] {
+            assert_eq!(
+                classify(Some(StatusCode::from_u16(code).unwrap_or_default())),
+                Outcome::Retry
+            );
+        }
+        for code in [400, 401, 403, 404, 409, 413, 422, 429, 501] {
+            assert_eq!(
+                classify(Some(StatusCode::from_u16(code).unwrap_or_default())),
+                Outcome::Final
+            );
+        }
+    }
+
+    #[test]
+    fn bad_urls_are_refused() {
+        assert!(Transport::new("ftp://x", None).is_err());
+        assert!(Transport::new("not a url", None).is_err());
+        assert_eq!(
+            Transport::new("http://127.0.0.1:8080/", None)
+                .map(|t| t.base().to_owned())
+                .ok(),
+            Some("http://127.0.0.1:8080".to_owned())
+        );
+    }
+}
