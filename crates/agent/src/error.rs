@@ -57,6 +57,40 @@ pub enum Error {
         #[source]
         source: reqwest::Error,
     },
+    /// No sandbox could be claimed.
+    #[error("failed to claim a sandbox from SandboxWarmPool {pool}")]
+    Claim {
+        /// The pool.
+        pool: String,
+        /// Why.
+        #[source]
+        source: Box<agent_sandbox::Error>,
+    },
+    /// The claim could not be deleted at the end (it still expires by itself).
+    #[error("failed to delete SandboxClaim {claim} (it expires by itself)")]
+    DeleteClaim {
+        /// The claim.
+        claim: String,
+        /// Why.
+        #[source]
+        source: Box<agent_sandbox::Error>,
+    },
+    /// The local cluster failed.
+    #[error("failed to {step}")]
+    Local {
+        /// What failed.
+        step: &'static str,
+        /// Why.
+        #[source]
+        source: Box<agent_sandbox_cli::Error>,
+    },
+    /// The cluster could not be reached.
+    #[error("failed to connect to the cluster")]
+    Connect {
+        /// Why.
+        #[source]
+        source: Box<agent_sandbox_cli::Error>,
+    },
     /// The API key cannot be sent as a header.
     #[error(
         "the API key contains characters that cannot be sent in a header: check ANTHROPIC_API_KEY"

@@ -22,6 +22,8 @@ pub(crate) enum Reply {
     Sse(String),
     /// Never answers (until the client gives up or the server is dropped).
     Hang,
+    /// Answers after a delay.
+    After(Duration, Box<Reply>),
 }
 
 impl Reply {
@@ -135,7 +137,12 @@ async fn handle(
         inner.requests.push(Recorded { headers, body });
         inner.script.pop_front()
     };
-    let reply = reply.unwrap_or_else(|| Reply::error(500, "api_error", "the script is exhausted"));
+    let mut reply =
+        reply.unwrap_or_else(|| Reply::error(500, "api_error", "the script is exhausted"));
+    while let Reply::After(delay, next) = reply {
+        tokio::time::sleep(delay).await;
+        reply = *next;
+    }
     match reply {
         Reply::Json(status, extra, body) => {
             let mut response = Response::builder()
@@ -150,7 +157,7 @@ async fn handle(
             .header("content-type", "text/event-stream")
             .body(Body::from(text))
             .unwrap(),
-        Reply::Hang => {
+        Reply::Hang | Reply::After(..) => {
             tokio::time::sleep(Duration::from_secs(3600)).await;
             Response::new(Body::empty())
         }
