@@ -1,0 +1,165 @@
+//! A scripted fake of the Messages API: an axum server on 127.0.0.1:0 that answers
+//! `POST /v1/messages` with the next scripted reply and records every request.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use axum::routing::post;
+use serde_json::{Value, json};
+
+/// One scripted answer.
+#[derive(Clone, Debug)]
+pub(crate) enum Reply {
+    /// A status, extra headers and a JSON body.
+    Json(u16, Vec<(&'static str, String)>, Value),
+    /// A `text/event-stream` body.
+    Sse(String),
+    /// Never answers (until the client gives up or the server is dropped).
+    Hang,
+    /// Answers after a delay.
+    After(Duration, Box<Reply>),
+}
+
+impl Reply {
+    /// A 200 message with these content blocks and stop reason.
+    pub(crate) fn message(content: Value, stop_reason: &str) -> Self {
+        Self::Json(
+            200,
+            vec![],
+            json!({
+                "id": "msg_fake", "type": "message", "role": "assistant",
+                "model": "claude-sonnet-5-5", "content": content,
+                "stop_reason": stop_reason, "stop_sequence": null,
+                "usage": {"input_tokens": 100, "output_tokens": 20}
+            }),
+        )
+    }
+
+    /// A 200 message asking for one tool call.
+    pub(crate) fn tool_use(id: &str, name: &str, input: Value) -> Self {
+        Self::message(
+            json!([{"type": "tool_use", "id": id, "name": name, "input": input}]),
+            "tool_use",
+        )
+    }
+
+    /// A 200 final answer.
+    pub(crate) fn text(text: &str) -> Self {
+        Self::message(json!([{"type": "text", "text": text}]), "end_turn")
+    }
+
+    /// An error in the API's format.
+    pub(crate) fn error(status: u16, kind: &str, message: &str) -> Self {
+        Self::Json(
+            status,
+            vec![("request-id", "req_fake".to_owned())],
+            json!({"type": "error", "error": {"type": kind, "message": message}}),
+        )
+    }
+}
+
+/// A request the fake received.
+#[derive(Clone, Debug)]
+pub(crate) struct Recorded {
+    /// Its headers.
+    pub(crate) headers: HeaderMap,
+    /// Its JSON body.
+    pub(crate) body: Value,
+}
+
+#[derive(Default)]
+struct Inner {
+    script: VecDeque<Reply>,
+    requests: Vec<Recorded>,
+}
+
+/// The running fake; dropping it stops the server.
+pub(crate) struct FakeApi {
+    addr: SocketAddr,
+    inner: Arc<Mutex<Inner>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FakeApi {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl FakeApi {
+    /// Starts the fake with a script.
+    pub(crate) async fn start(script: Vec<Reply>) -> Self {
+        let inner = Arc::new(Mutex::new(Inner {
+            script: script.into(),
+            requests: Vec::new(),
+        }));
+        let app = axum::Router::new()
+            .route("/v1/messages", post(handle))
+            .with_state(inner.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Self { addr, inner, task }
+    }
+
+    /// The base URL to give the client (`ANTHROPIC_BASE_URL`).
+    pub(crate) fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The requests received so far.
+    pub(crate) fn requests(&self) -> Vec<Recorded> {
+        self.inner.lock().unwrap().requests.clone()
+    }
+
+    /// Scripted replies not yet used.
+    pub(crate) fn remaining(&self) -> usize {
+        self.inner.lock().unwrap().script.len()
+    }
+}
+
+async fn handle(
+    State(inner): State<Arc<Mutex<Inner>>>,
+    headers: HeaderMap,
+    body: String,
+) -> Response {
+    let reply = {
+        let mut inner = inner.lock().unwrap();
+        let body = serde_json::from_str(&body).unwrap_or(Value::String(body));
+        inner.requests.push(Recorded { headers, body });
+        inner.script.pop_front()
+    };
+    let mut reply =
+        reply.unwrap_or_else(|| Reply::error(500, "api_error", "the script is exhausted"));
+    while let Reply::After(delay, next) = reply {
+        tokio::time::sleep(delay).await;
+        reply = *next;
+    }
+    match reply {
+        Reply::Json(status, extra, body) => {
+            let mut response = Response::builder()
+                .status(StatusCode::from_u16(status).unwrap())
+                .header("content-type", "application/json");
+            for (name, value) in extra {
+                response = response.header(name, value);
+            }
+            response.body(Body::from(body.to_string())).unwrap()
+        }
+        Reply::Sse(text) => Response::builder()
+            .header("content-type", "text/event-stream")
+            .body(Body::from(text))
+            .unwrap(),
+        Reply::Hang | Reply::After(..) => {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            Response::new(Body::empty())
+        }
+    }
+}
