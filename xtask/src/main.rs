@@ -106,8 +106,16 @@ enum ClusterCommand {
     },
 }
 
-fn main() -> Result<()> {
-    let cli = Cli::parse();
+fn main() {
+    // Errors are for people at a terminal: the message and its causes, no backtrace (even with
+    // RUST_BACKTRACE set), and a non-zero exit.
+    if let Err(error) = run(Cli::parse()) {
+        eprintln!("error: {error:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
     let root = workspace_root();
     match cli.command {
         Command::GenCrds { check: true } => crds::check(&root),
