@@ -241,7 +241,12 @@ impl OutputFollower {
                     .await
                 {
                     Ok(stream) => self.current.insert(stream),
-                    Err(error) => return Some(self.failed(error).await?),
+                    Err(error) => {
+                        if let Some(result) = self.failed(error).await {
+                            return Some(result);
+                        }
+                        continue;
+                    }
                 },
             };
             match stream.next_event().await {

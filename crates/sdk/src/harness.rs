@@ -102,6 +102,7 @@ pub struct Harness {
     router_addr: SocketAddr,
     tasks: Vec<JoinHandle<()>>,
     stop: Option<tokio::sync::watch::Sender<bool>>,
+    _dir: tempfile::TempDir,
 }
 
 fn failed(step: &'static str) -> impl FnOnce(Box<dyn std::error::Error + Send + Sync>) -> Error {
@@ -138,8 +139,12 @@ impl Harness {
             None => workspace_binary("agent-sandbox-runtime", "sandbox-runtime")
                 .map_err(boxed("build sandbox-runtime"))?,
         };
-        let mut sim_config =
-            SimConfig::default().image(runtime_entry("*runtime*", Program::Path(runtime)));
+        // Pods under bubblewrap get a private /tmp: the kubeconfig the router pod reads must
+        // live elsewhere. Next to the running executable's target directory when there is one.
+        let dir = kubeconfig_dir()?;
+        let mut sim_config = SimConfig::default()
+            .image(runtime_entry("*runtime*", Program::Path(runtime)))
+            .kubeconfig(dir.path().join("kubeconfig"));
         if config.router_pod {
             let router = match config.router_bin.clone() {
                 Some(path) => path,
@@ -211,6 +216,7 @@ impl Harness {
         }));
 
         let harness = Self {
+            _dir: dir,
             sim: Some(sim),
             kube,
             router_addr,
@@ -442,6 +448,24 @@ impl Harness {
             sim.stop().await;
         }
     }
+}
+
+/// A temporary directory outside `/tmp`: under the target directory of the running
+/// executable (`target/debug/deps/x` → `target/sdk-harness-*`), else the current directory.
+fn kubeconfig_dir() -> Result<tempfile::TempDir> {
+    let base = std::env::current_exe()
+        .ok()
+        .and_then(|exe| {
+            exe.ancestors()
+                .find(|dir| dir.file_name().is_some_and(|n| n == "target"))
+                .map(Path::to_path_buf)
+        })
+        .or_else(|| std::env::current_dir().ok())
+        .unwrap_or_else(|| PathBuf::from("."));
+    tempfile::Builder::new()
+        .prefix("sdk-harness-")
+        .tempdir_in(base)
+        .map_err(boxed("create a directory for the kubeconfig"))
 }
 
 fn pod_ready(pod: &Pod) -> bool {

@@ -11,6 +11,7 @@ mod controller;
 mod report;
 mod router;
 mod runtime;
+mod sdk;
 mod sim;
 mod stats;
 
@@ -49,6 +50,7 @@ fn cases() -> Vec<Case> {
     cases.extend(controller::cases());
     cases.extend(runtime::cases());
     cases.extend(router::cases());
+    cases.extend(sdk::cases());
     cases.extend(sim::cases());
     cases
 }
