@@ -46,6 +46,7 @@ pub struct Cli {
 
 /// Flags every command accepts.
 #[derive(Clone, Debug, Args)]
+#[command(next_help_heading = "Cluster and router (every command)")]
 pub struct GlobalArgs {
     /// Kubeconfig file (default: $KUBECONFIG, then ~/.kube/config, then in-cluster).
     #[arg(
@@ -66,14 +67,14 @@ pub struct GlobalArgs {
     #[arg(long, global = true, value_name = "NS", default_value = agent_sandbox_api::wire::SYSTEM_NAMESPACE)]
     pub router_namespace: String,
     /// Router URL to use directly instead of a port-forward (e.g. `http://127.0.0.1:8080`).
-    #[arg(long, global = true, env = ENV_ROUTER_URL, value_name = "URL")]
+    #[arg(long, global = true, env = ENV_ROUTER_URL, value_name = "URL", hide_env_values = true)]
     pub router_url: Option<String>,
     /// Bearer token for the router (a static token, or a scoped token for one sandbox).
     #[arg(long, global = true, env = ENV_ROUTER_TOKEN, value_name = "TOKEN", hide_env_values = true)]
     pub router_token: Option<String>,
     /// Router signing key: mint a scoped token per sandbox automatically (`sandboxctl dev`
     /// prints it).
-    #[arg(long, global = true, env = ENV_SIGNING_KEY_FILE, value_name = "PATH")]
+    #[arg(long, global = true, env = ENV_SIGNING_KEY_FILE, value_name = "PATH", hide_env_values = true)]
     pub signing_key_file: Option<PathBuf>,
 }
 
@@ -126,8 +127,9 @@ Ctrl-C deletes the claim.")]
     Cat(PathArg),
     /// Remove a file or directory in a sandbox.
     #[command(after_help = "Examples:
-  sandboxctl rm sandbox-claim-x7k2q:tmp/scratch")]
-    Rm(PathArg),
+  sandboxctl rm sandbox-claim-x7k2q:notes.txt
+  sandboxctl rm -r sandbox-claim-x7k2q:tmp/scratch")]
+    Rm(RmArgs),
     /// List claims with their sandbox, pod, age, readiness and expiry.
     #[command(after_help = "Examples:
   sandboxctl list
@@ -197,7 +199,9 @@ pub struct DevArgs {
 /// How a command runs (shared by `run` and `exec`).
 #[derive(Clone, Debug, Args)]
 pub struct CommandArgs {
-    /// Run the words as given, without `sh -c` (the default joins them into one shell line).
+    /// Run the words as a program and its arguments without a shell. By default `sh -c` runs
+    /// them: one word is a shell line as written ('echo $HOME | wc -c'); several words are a
+    /// program and its arguments, quoted.
     #[arg(long)]
     pub no_shell: bool,
     /// Kill the command after this long (`30s`, `5m`).
@@ -291,6 +295,16 @@ pub struct LsArgs {
 pub struct PathArg {
     /// `CLAIM:path`.
     pub target: String,
+}
+
+/// `sandboxctl rm`.
+#[derive(Debug, Args)]
+pub struct RmArgs {
+    /// `CLAIM:path`.
+    pub target: String,
+    /// Remove a directory and everything in it.
+    #[arg(short = 'r', long)]
+    pub recursive: bool,
 }
 
 /// `sandboxctl list`.

@@ -131,6 +131,14 @@ pub enum Error {
         /// Claim.
         claim: String,
     },
+    /// An SDK operation failed.
+    #[error("failed to {action}: {source}")]
+    Sdk {
+        /// What was being done (`claim a sandbox from pool python`).
+        action: String,
+        /// Cause.
+        source: Box<agent_sandbox::Error>,
+    },
     /// The arguments do not make sense together.
     #[error("{0}")]
     Usage(String),

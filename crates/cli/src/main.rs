@@ -50,6 +50,18 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(u8::try_from(code.clamp(0, 255)).unwrap_or(1)),
         Err(error) => {
             eprintln!("error: {error}");
+            // Library errors keep their causes as sources; show the chain (deduplicated, as
+            // some messages already quote their cause).
+            let mut shown = error.to_string();
+            let mut source = std::error::Error::source(&error);
+            while let Some(cause) = source {
+                let text = cause.to_string();
+                if !shown.contains(&text) {
+                    eprintln!("  caused by: {text}");
+                    shown.push_str(&text);
+                }
+                source = cause.source();
+            }
             ExitCode::FAILURE
         }
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use agent_sandbox_api::{Sandbox, SandboxClaim, SandboxWarmPool, annotations};
 use futures::{AsyncBufReadExt as _, TryStreamExt as _};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, ListParams, LogParams, Patch, PatchParams};
+use kube::api::{ListParams, LogParams};
 use kube::{Api, ResourceExt};
 use serde::Serialize;
 
@@ -233,43 +233,55 @@ pub async fn list(cluster: &Cluster, args: ListArgs) -> Result<i32> {
     Ok(0)
 }
 
-/// `sandboxctl delete`.
+/// `sandboxctl delete` (through the SDK).
 pub async fn delete(cluster: &Cluster, args: DeleteArgs) -> Result<i32> {
-    let api: Api<SandboxClaim> = Api::namespaced(cluster.client.clone(), &cluster.namespace);
+    let client = sdk_client(cluster);
     let names = if args.all {
-        api.list(&ListParams::default())
+        client
+            .list()
             .await
-            .map_err(kube_err("list", "SandboxClaims", &cluster.namespace, ""))?
-            .items
-            .iter()
-            .map(ResourceExt::name_any)
+            .map_err(sdk_err(format!("list the claims in {}", cluster.namespace)))?
+            .into_iter()
+            .map(|info| info.claim)
             .collect()
     } else {
         args.claims
     };
     let mut missing = false;
     for name in &names {
-        match api.delete(name, &DeleteParams::background()).await {
-            Ok(_) => println!("sandboxclaim {name} deleted"),
-            Err(kube::Error::Api(status)) if status.code == 404 => {
-                eprintln!(
-                    "{}",
-                    Error::ClaimNotFound {
-                        namespace: cluster.namespace.clone(),
-                        claim: name.clone(),
-                    }
-                );
-                missing = true;
-            }
-            Err(source) => {
-                return Err(kube_err("delete", "SandboxClaim", &cluster.namespace, name)(source));
-            }
+        if get_claim(cluster, name).await.is_err() {
+            eprintln!(
+                "{}",
+                Error::ClaimNotFound {
+                    namespace: cluster.namespace.clone(),
+                    claim: name.clone(),
+                }
+            );
+            missing = true;
+            continue;
         }
+        client.delete(name).await.map_err(sdk_err(format!(
+            "delete SandboxClaim {}/{name}",
+            cluster.namespace
+        )))?;
+        println!("sandboxclaim {name} deleted");
     }
     if args.all && names.is_empty() {
         eprintln!("No claims in namespace {}.", cluster.namespace);
     }
     Ok(i32::from(missing))
+}
+
+fn sdk_client(cluster: &Cluster) -> agent_sandbox::Client {
+    let options = agent_sandbox::ClientOptions::default().namespace(cluster.namespace.clone());
+    agent_sandbox::Client::from_kube(cluster.client.clone(), options)
+}
+
+fn sdk_err(action: String) -> impl FnOnce(agent_sandbox::Error) -> Error {
+    move |source| Error::Sdk {
+        action,
+        source: Box::new(source),
+    }
 }
 
 /// The claim, or [`Error::ClaimNotFound`].
@@ -297,26 +309,16 @@ pub async fn claimed_sandbox(cluster: &Cluster, claim: &str) -> Result<String> {
     Ok(sandbox)
 }
 
-/// `sandboxctl extend`.
+/// `sandboxctl extend` (through the SDK, which retries on conflicts with the controller).
 pub async fn extend(cluster: &Cluster, args: ExtendArgs) -> Result<i32> {
     get_claim(cluster, &args.claim).await?;
-    let at = jiff::Timestamp::now()
-        .checked_add(
-            jiff::SignedDuration::try_from(args.duration).unwrap_or(jiff::SignedDuration::MAX),
-        )
-        .unwrap_or(jiff::Timestamp::MAX);
-    // Whole seconds: metav1.Time has second precision on the wire.
-    let at = jiff::Timestamp::from_second(at.as_second()).unwrap_or(at);
-    let api: Api<SandboxClaim> = Api::namespaced(cluster.client.clone(), &cluster.namespace);
-    let patch = serde_json::json!({"spec": {"lifecycle": {"shutdownTime": at.to_string(), "shutdownPolicy": "Delete"}}});
-    api.patch(&args.claim, &PatchParams::default(), &Patch::Merge(&patch))
+    let at = sdk_client(cluster)
+        .extend(&args.claim, args.duration)
         .await
-        .map_err(kube_err(
-            "extend",
-            "SandboxClaim",
-            &cluster.namespace,
-            &args.claim,
-        ))?;
+        .map_err(sdk_err(format!(
+            "extend SandboxClaim {}/{}",
+            cluster.namespace, args.claim
+        )))?;
     println!("sandboxclaim {} expires at {at}", args.claim);
     Ok(0)
 }

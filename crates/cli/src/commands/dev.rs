@@ -21,7 +21,14 @@ pub async fn dev(args: DevArgs) -> Result<i32> {
         ..LocalConfig::default()
     };
     let spinner = Spinner::start("starting the local cluster");
-    let cluster = LocalCluster::start(config).await?;
+    let started = tokio::select! {
+        cluster = LocalCluster::start(config) => Some(cluster),
+        () = super::interrupted() => None,
+    };
+    let Some(cluster) = started else {
+        return Ok(130);
+    };
+    let cluster = cluster?;
     if args.replicas > 0 {
         spinner.set_message(format!("warming the pool {DEFAULT_POOL}"));
         let waited = tokio::select! {

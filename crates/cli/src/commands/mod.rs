@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 /// Runs the subcommand of `cli` and returns the exit code.
 pub async fn dispatch(cli: Cli) -> Result<i32> {
     let global = cli.global;
+    watch_signals();
     match cli.command {
         Command::Dev(args) => dev::dev(args).await,
         Command::Run(args) if args.local => sandbox::run_local(&global, args).await,
@@ -65,18 +66,36 @@ pub(crate) fn print(text: &str) -> Result<()> {
     }
 }
 
-/// Resolves on Ctrl-C (SIGINT) or SIGTERM.
-pub async fn interrupted() {
+static INTERRUPT: std::sync::OnceLock<tokio_util::sync::CancellationToken> =
+    std::sync::OnceLock::new();
+
+fn interrupt_token() -> &'static tokio_util::sync::CancellationToken {
+    INTERRUPT.get_or_init(tokio_util::sync::CancellationToken::new)
+}
+
+/// Installs the SIGINT/SIGTERM handlers once, for the whole command: a signal that arrives
+/// between two waits is remembered, never lost (and never kills the process half-way through
+/// a cleanup).
+pub fn watch_signals() {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
     ) else {
-        // Without signal handlers the default disposition (exit) applies; never resolve.
-        return std::future::pending().await;
+        tracing::warn!("cannot watch SIGINT/SIGTERM; Ctrl-C will not clean up");
+        return;
     };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
+    // Detached on purpose: it lives as long as the command, and the runtime's shutdown ends it.
+    drop(tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        interrupt_token().cancel();
+    }));
+}
+
+/// Resolves once Ctrl-C (SIGINT) or SIGTERM was received (at once if it already was).
+pub async fn interrupted() {
+    interrupt_token().cancelled().await;
 }
