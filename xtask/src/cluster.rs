@@ -373,11 +373,12 @@ pub(crate) fn up(root: &Path, options: &UpOptions) -> Result<()> {
          kubectl --context {context} -n {ns} port-forward svc/{svc} {port}:{port}\n  \
          cargo xtask e2e --kubeconfig ~/.kube/config      # the end-to-end suite against it\n\n\
          The router wants scoped tokens; mint one for a sandbox with the key in Secret\n  \
-         {ns}/sandbox-router-signing-key (docs/router.md, \"Authentication\").\n\
+         {ns}/{secret} (docs/router.md, \"Authentication\").\n\
          Tear down with `cargo xtask cluster down --name {name}`.",
         ns = agent_sandbox_api::wire::SYSTEM_NAMESPACE,
         svc = agent_sandbox_api::wire::ROUTER_SERVICE,
         port = agent_sandbox_api::wire::ROUTER_PORT,
+        secret = agent_sandbox_api::wire::ROUTER_SIGNING_KEY_SECRET,
     );
     Ok(())
 }
@@ -388,7 +389,8 @@ fn ensure_signing_key(context: &str) -> Result<()> {
     if !probe(kubectl(context).args(["get", "namespace", ns])) {
         run(kubectl(context).args(["create", "namespace", ns]))?;
     }
-    if probe(kubectl(context).args(["-n", ns, "get", "secret", "sandbox-router-signing-key"])) {
+    let secret = agent_sandbox_api::wire::ROUTER_SIGNING_KEY_SECRET;
+    if probe(kubectl(context).args(["-n", ns, "get", "secret", secret])) {
         return Ok(());
     }
     let mut bytes = [0_u8; 32];
@@ -402,15 +404,12 @@ fn ensure_signing_key(context: &str) -> Result<()> {
     let file = dir.path().join("key");
     std::fs::write(&file, key)?;
     run(kubectl(context)
-        .args([
-            "-n",
-            ns,
-            "create",
-            "secret",
-            "generic",
-            "sandbox-router-signing-key",
-        ])
-        .arg(format!("--from-file=key={}", file.display())))
+        .args(["-n", ns, "create", "secret", "generic", secret])
+        .arg(format!(
+            "--from-file={}={}",
+            agent_sandbox_api::wire::ROUTER_SIGNING_KEY_SECRET_KEY,
+            file.display()
+        )))
 }
 
 /// Starts the local registry on the `kind` network unless it runs; true when created.

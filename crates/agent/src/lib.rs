@@ -20,6 +20,8 @@
 pub mod agent;
 pub mod client;
 mod error;
+#[cfg(feature = "fake")]
+pub mod fake;
 pub mod messages;
 pub mod prompt;
 pub mod retry;

@@ -208,6 +208,10 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
         if let Some(token) = &cluster.router_token {
             options = options.router_token(token.clone());
         }
+        // Scoped routers: a token per request for the session's own sandbox.
+        if let Some(key) = &cluster.signing_key {
+            options = options.router_signing_key(key.clone());
+        }
         agent_sandbox::Client::from_kube(cluster.client, options)
     };
     let _cleanup = client.enable_auto_cleanup()?;

@@ -1,14 +1,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! The Messages API client against a scripted fake API on 127.0.0.1.
 
-mod common;
-
 use std::time::Duration;
 
+use agent_sandbox_agent::fake::{FakeApi, Reply};
 use agent_sandbox_agent::messages::{Message, MessagesRequest, StopReason};
 use agent_sandbox_agent::retry::RetryPolicy;
 use agent_sandbox_agent::{ApiKey, Error, MessagesClient, MessagesConfig};
-use common::fake_api::{FakeApi, Reply};
 use pretty_assertions::assert_eq;
 use serde_json::json;
 
@@ -40,7 +38,7 @@ fn request() -> MessagesRequest {
 
 #[tokio::test]
 async fn sends_key_version_and_body_and_parses_the_answer() {
-    let api = FakeApi::start(vec![Reply::text("hello")]).await;
+    let api = FakeApi::start(vec![Reply::text("hello")]).await.unwrap();
     let response = client(&api, 0).send(&request()).await.unwrap();
     assert_eq!(response.text(), "hello");
     assert_eq!(response.stop_reason, Some(StopReason::EndTurn));
@@ -69,7 +67,8 @@ async fn retries_429_honouring_retry_after_then_succeeds() {
         Reply::error(529, "overloaded_error", "Overloaded"),
         Reply::text("finally"),
     ])
-    .await;
+    .await
+    .unwrap();
     let response = client(&api, 3).send(&request()).await.unwrap();
     assert_eq!(response.text(), "finally");
     assert_eq!(api.requests().len(), 3);
@@ -83,7 +82,8 @@ async fn gives_up_after_the_retry_budget() {
         Reply::error(529, "overloaded_error", "Overloaded"),
         Reply::text("too late"),
     ])
-    .await;
+    .await
+    .unwrap();
     let error = client(&api, 2).send(&request()).await.unwrap_err();
     let Error::RetriesExhausted { attempts, source } = &error else {
         panic!("{error:?}");
@@ -104,7 +104,9 @@ async fn auth_and_request_errors_are_not_retried_and_say_what_to_fix() {
         (400, "invalid_request_error", "--max-tokens (1234)"),
         (404, "not_found_error", "--model (claude-test)"),
     ] {
-        let api = FakeApi::start(vec![Reply::error(status, kind, "nope"), Reply::text("no")]).await;
+        let api = FakeApi::start(vec![Reply::error(status, kind, "nope"), Reply::text("no")])
+            .await
+            .unwrap();
         let error = client(&api, 3).send(&request()).await.unwrap_err();
         let text = error.to_string();
         assert!(matches!(error, Error::Api { .. }), "{error:?}");
@@ -165,7 +167,8 @@ async fn streaming_assembles_the_answer() {
         Reply::error(529, "overloaded_error", "Overloaded"),
         Reply::Sse(sse),
     ])
-    .await;
+    .await
+    .unwrap();
     let mut config = client(&api, 2).config().clone();
     config.stream = true;
     let response = MessagesClient::new(config)

@@ -4,20 +4,18 @@
 //! session, the `sandbox-agent` binary against the cluster, the binary killed mid-run, and
 //! `--local`.
 
-mod common;
-
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use agent_sandbox::harness::{Harness, HarnessConfig, NAMESPACE, POOL};
 use agent_sandbox_agent::agent::{LoopConfig, Reporter, Stop};
+use agent_sandbox_agent::fake::{FakeApi, Recorded, Reply};
 use agent_sandbox_agent::retry::RetryPolicy;
 use agent_sandbox_agent::session::{self, SessionOptions};
 use agent_sandbox_agent::{ApiKey, MessagesClient, MessagesConfig};
 use agent_sandbox_api::SandboxClaim;
 use agent_sandbox_api::claim::ClaimShutdownPolicy;
-use common::fake_api::{FakeApi, Recorded, Reply};
 use jiff::Timestamp;
 use kube::Api;
 use pretty_assertions::assert_eq;
@@ -167,7 +165,7 @@ async fn scripted_session_writes_runs_answers_and_keeps_the_claim_alive() {
         json!({"path": "no/such/file.txt"}),
     ));
     script.push(answer);
-    let api = FakeApi::start(script).await;
+    let api = FakeApi::start(script).await.unwrap();
     let lines = Lines::default();
     let ttl = Duration::from_secs(600);
     let options = SessionOptions {
@@ -323,7 +321,7 @@ async fn finish(child: ChildGuard, limit: Duration) -> (std::process::ExitStatus
 #[tokio::test]
 async fn binary_runs_the_conversation_and_deletes_the_claim() {
     let harness = harness().await;
-    let api = FakeApi::start(fib_script(Duration::ZERO)).await;
+    let api = FakeApi::start(fib_script(Duration::ZERO)).await.unwrap();
     let child = agent_command(&api)
         .args(cluster_args(&harness))
         .arg("write a python script that prints the first 10 fibonacci numbers and run it")
@@ -373,7 +371,8 @@ async fn killed_agent_leaves_no_claim_once_the_ttl_passes() {
         ),
         Reply::Hang,
     ])
-    .await;
+    .await
+    .unwrap();
     let mut child = ChildGuard(
         agent_command(&api)
             .args(cluster_args(&harness))
@@ -431,7 +430,7 @@ async fn killed_agent_leaves_no_claim_once_the_ttl_passes() {
 /// binary serving its own runtime pods.
 #[tokio::test]
 async fn local_mode_runs_the_conversation() {
-    let api = FakeApi::start(fib_script(Duration::ZERO)).await;
+    let api = FakeApi::start(fib_script(Duration::ZERO)).await.unwrap();
     let child = agent_command(&api)
         .args(["--local", "write fib.py and run it"])
         .spawn()

@@ -30,6 +30,11 @@ pub const CONTROLLER_FIELD_MANAGER: &str = "sandbox-controller";
 pub const ROUTER_SERVICE: &str = "sandbox-router-svc";
 /// Port of the router Service and of the router's proxy listener.
 pub const ROUTER_PORT: u16 = 8080;
+/// Secret (in [`SYSTEM_NAMESPACE`]) holding the router's signing key for `--auth scoped`, created
+/// per installation (`cargo xtask cluster up`, docs/install.md), never committed.
+pub const ROUTER_SIGNING_KEY_SECRET: &str = "sandbox-router-signing-key";
+/// Key of that Secret's data holding the signing key (mounted as the file of that name).
+pub const ROUTER_SIGNING_KEY_SECRET_KEY: &str = "key";
 
 /// Default Kubernetes cluster domain for `status.serviceFQDN`.
 pub const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";

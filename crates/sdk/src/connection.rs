@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::options::{ClientOptions, ConnectionMode};
-use crate::transport::Transport;
+use crate::transport::{RouterAuth, Transport};
 
 /// Makes and caches the connection a client's sandboxes share.
 impl std::fmt::Debug for Connector {
@@ -85,10 +85,14 @@ impl Connector {
     }
 
     async fn establish(&self) -> Result<Connection> {
-        let token = self.options.router_token.clone();
+        let token = match (&self.options.router_signing_key, &self.options.router_token) {
+            (Some(key), _) => RouterAuth::Scoped(key.clone()),
+            (None, Some(token)) => RouterAuth::Bearer(token.clone()),
+            (None, None) => RouterAuth::None,
+        };
         match &self.options.connection {
             ConnectionMode::Direct { url } => Ok(Connection {
-                transport: Transport::new(url, token)?,
+                transport: Transport::new(url, token.clone())?,
                 tunnel: None,
             }),
             ConnectionMode::Gateway {
@@ -106,7 +110,7 @@ impl Connector {
                 .await?;
                 tracing::debug!(%url, "Gateway address resolved");
                 Ok(Connection {
-                    transport: Transport::new(&url, token)?,
+                    transport: Transport::new(&url, token.clone())?,
                     tunnel: None,
                 })
             }
@@ -120,7 +124,7 @@ impl Connector {
                 let url = format!("http://{}", tunnel.addr);
                 tracing::debug!(%url, pod = %tunnel.pod, "port-forward established");
                 Ok(Connection {
-                    transport: Transport::new(&url, token)?,
+                    transport: Transport::new(&url, token.clone())?,
                     tunnel: Some(tunnel),
                 })
             }

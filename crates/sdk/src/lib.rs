@@ -59,5 +59,6 @@ pub use exec::{Download, ExecOutput, ExecStream, OutputFollower};
 pub use handle::SandboxHandle;
 pub use options::{
     ClientOptions, ConnectionMode, CreateOptions, ExecOptions, Progress, ProgressFn, RetryPolicy,
+    SCOPED_TOKEN_TTL, SigningKey,
 };
 pub use sandbox::{ExecutionResult, Sandbox};

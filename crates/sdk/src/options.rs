@@ -180,6 +180,37 @@ pub struct ClientOptions {
     /// Bearer token for the router (`--auth token` or a scoped token), sent as
     /// `Authorization: Bearer ...`.
     pub router_token: Option<String>,
+    /// The router's signing key (`--auth scoped`): when set, every request carries a token
+    /// minted for its own sandbox (valid [`SCOPED_TOKEN_TTL`]) and `router_token` is not used.
+    /// For orchestrators and operators trusted with the key, not for code an agent controls.
+    pub router_signing_key: Option<SigningKey>,
+}
+
+/// How long the tokens minted with [`ClientOptions::router_signing_key`] are valid (a fresh one
+/// is minted for every request).
+pub const SCOPED_TOKEN_TTL: Duration = Duration::from_secs(600);
+
+/// A router signing key (at least 32 bytes, checked when the client connects). Its `Debug`
+/// output never shows the key.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SigningKey(Arc<[u8]>);
+
+impl SigningKey {
+    /// Wraps `key` (the contents of the router's `--signing-key-file`).
+    pub fn new(key: impl Into<Vec<u8>>) -> Self {
+        Self(Arc::from(key.into()))
+    }
+
+    /// The key's bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for SigningKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SigningKey(<{} bytes, redacted>)", self.0.len())
+    }
 }
 
 impl Default for ClientOptions {
@@ -194,6 +225,7 @@ impl Default for ClientOptions {
             request_timeout: Duration::from_secs(60),
             retry: RetryPolicy::default(),
             router_token: None,
+            router_signing_key: None,
         }
     }
 }
@@ -244,6 +276,13 @@ impl ClientOptions {
     #[must_use]
     pub fn router_token(mut self, token: impl Into<String>) -> Self {
         self.router_token = Some(token.into());
+        self
+    }
+
+    /// Sets the router's signing key: the client mints a scoped token per sandbox.
+    #[must_use]
+    pub fn router_signing_key(mut self, key: impl Into<Vec<u8>>) -> Self {
+        self.router_signing_key = Some(SigningKey::new(key));
         self
     }
 

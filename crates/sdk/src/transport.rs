@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use tokio_util::io::ReaderStream;
 
 use crate::error::{Error, Result};
-use crate::options::RetryPolicy;
+use crate::options::{RetryPolicy, SCOPED_TOKEN_TTL, SigningKey};
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// Request body type of every call.
@@ -115,7 +115,38 @@ enum HttpClient {
 pub(crate) struct Transport {
     base: String,
     client: HttpClient,
-    token: Option<String>,
+    auth: RouterAuth,
+}
+
+/// What a request carries in `Authorization`.
+#[derive(Clone, Debug, Default)]
+pub(crate) enum RouterAuth {
+    /// Nothing (`--auth none` routers).
+    #[default]
+    None,
+    /// One bearer token for every request.
+    Bearer(String),
+    /// A token minted per request for its own sandbox.
+    Scoped(SigningKey),
+}
+
+impl RouterAuth {
+    /// The `Authorization` value for a request to `target`.
+    fn header(&self, target: &Target) -> Result<Option<String>> {
+        match self {
+            Self::None => Ok(None),
+            Self::Bearer(token) => Ok(Some(format!("Bearer {token}"))),
+            Self::Scoped(key) => {
+                let token = crate::client::mint_token(
+                    key.as_bytes(),
+                    &target.namespace,
+                    &target.sandbox,
+                    SCOPED_TOKEN_TTL,
+                )?;
+                Ok(Some(format!("Bearer {token}")))
+            }
+        }
+    }
 }
 
 /// What to do after one attempt.
@@ -153,7 +184,15 @@ pub(crate) struct Call {
 
 impl Transport {
     /// A transport to `base` (`http://host:port` or `https://...`).
-    pub(crate) fn new(base: &str, token: Option<String>) -> Result<Self> {
+    pub(crate) fn new(base: &str, auth: RouterAuth) -> Result<Self> {
+        if let RouterAuth::Scoped(key) = &auth {
+            agent_sandbox_api::token::signing_key(key.as_bytes()).map_err(|e| {
+                Error::InvalidOption {
+                    option: "router signing key",
+                    message: e.to_string(),
+                }
+            })?;
+        }
         let base = base.trim_end_matches('/').to_owned();
         let uri: http::Uri = base.parse().map_err(|e| Error::InvalidOption {
             option: "router URL",
@@ -188,11 +227,7 @@ impl Transport {
                 });
             }
         };
-        Ok(Self {
-            base,
-            client,
-            token,
-        })
+        Ok(Self { base, client, auth })
     }
 
     /// The base URL.
@@ -235,11 +270,8 @@ impl Transport {
             headers::REQUEST_ID,
             value(&format!("{:016x}", fastrand::u64(..)))?,
         );
-        if let Some(token) = &self.token {
-            request_headers.insert(
-                http::header::AUTHORIZATION,
-                value(&format!("Bearer {token}"))?,
-            );
+        if let Some(authorization) = self.auth.header(target).map_err(AttemptError::Fatal)? {
+            request_headers.insert(http::header::AUTHORIZATION, value(&authorization)?);
         }
         if let Some(content_type) = content_type {
             request_headers.insert(
@@ -427,13 +459,44 @@ mod tests {
 
     #[test]
     fn bad_urls_are_refused() {
-        assert!(Transport::new("ftp://x", None).is_err());
-        assert!(Transport::new("not a url", None).is_err());
+        assert!(Transport::new("ftp://x", RouterAuth::None).is_err());
+        assert!(Transport::new("not a url", RouterAuth::None).is_err());
         assert_eq!(
-            Transport::new("http://127.0.0.1:8080/", None)
+            Transport::new("http://127.0.0.1:8080/", RouterAuth::None)
                 .map(|t| t.base().to_owned())
                 .ok(),
             Some("http://127.0.0.1:8080".to_owned())
+        );
+    }
+
+    #[test]
+    fn a_signing_key_mints_a_token_for_each_requests_own_sandbox() {
+        let key = SigningKey::new(vec![b'k'; 32]);
+        let auth = RouterAuth::Scoped(key.clone());
+        let now = jiff::Timestamp::now().as_second();
+        for (namespace, sandbox) in [("team-a", "box-1"), ("team-b", "box-2")] {
+            let target = Target {
+                sandbox: sandbox.to_owned(),
+                namespace: namespace.to_owned(),
+            };
+            let header = auth.header(&target).ok().flatten().unwrap_or_default();
+            let token = header.strip_prefix("Bearer ").unwrap_or_default();
+            let claims = agent_sandbox_api::token::verify(key.as_bytes(), token, now);
+            assert_eq!(
+                claims.map(|c| (c.namespace, c.name)).ok(),
+                Some((namespace.to_owned(), sandbox.to_owned()))
+            );
+        }
+        assert!(format!("{key:?}").contains("redacted"));
+        assert!(!format!("{key:?}").contains("kkkk"));
+    }
+
+    #[test]
+    fn a_short_signing_key_is_refused_when_connecting() {
+        let short = RouterAuth::Scoped(SigningKey::new(b"short".to_vec()));
+        let error = Transport::new("http://127.0.0.1:8080", short).err();
+        assert!(
+            matches!(error, Some(Error::InvalidOption { option, .. }) if option == "router signing key")
         );
     }
 }

@@ -1,9 +1,10 @@
-//! A scripted fake of the Messages API: an axum server on 127.0.0.1:0 that answers
-//! `POST /v1/messages` with the next scripted reply and records every request.
+//! A scripted fake of the Messages API (feature `fake`): an axum server on 127.0.0.1:0 that
+//! answers `POST /v1/messages` with the next scripted reply and records every request. For
+//! tests of this crate and the end-to-end suite, which drive the real agent with no network.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -15,7 +16,7 @@ use serde_json::{Value, json};
 
 /// One scripted answer.
 #[derive(Clone, Debug)]
-pub(crate) enum Reply {
+pub enum Reply {
     /// A status, extra headers and a JSON body.
     Json(u16, Vec<(&'static str, String)>, Value),
     /// A `text/event-stream` body.
@@ -28,7 +29,7 @@ pub(crate) enum Reply {
 
 impl Reply {
     /// A 200 message with these content blocks and stop reason.
-    pub(crate) fn message(content: Value, stop_reason: &str) -> Self {
+    pub fn message(content: Value, stop_reason: &str) -> Self {
         Self::Json(
             200,
             vec![],
@@ -42,7 +43,7 @@ impl Reply {
     }
 
     /// A 200 message asking for one tool call.
-    pub(crate) fn tool_use(id: &str, name: &str, input: Value) -> Self {
+    pub fn tool_use(id: &str, name: &str, input: Value) -> Self {
         Self::message(
             json!([{"type": "tool_use", "id": id, "name": name, "input": input}]),
             "tool_use",
@@ -50,12 +51,12 @@ impl Reply {
     }
 
     /// A 200 final answer.
-    pub(crate) fn text(text: &str) -> Self {
+    pub fn text(text: &str) -> Self {
         Self::message(json!([{"type": "text", "text": text}]), "end_turn")
     }
 
     /// An error in the API's format.
-    pub(crate) fn error(status: u16, kind: &str, message: &str) -> Self {
+    pub fn error(status: u16, kind: &str, message: &str) -> Self {
         Self::Json(
             status,
             vec![("request-id", "req_fake".to_owned())],
@@ -66,21 +67,22 @@ impl Reply {
 
 /// A request the fake received.
 #[derive(Clone, Debug)]
-pub(crate) struct Recorded {
+pub struct Recorded {
     /// Its headers.
-    pub(crate) headers: HeaderMap,
+    pub headers: HeaderMap,
     /// Its JSON body.
-    pub(crate) body: Value,
+    pub body: Value,
 }
 
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Inner {
     script: VecDeque<Reply>,
     requests: Vec<Recorded>,
 }
 
 /// The running fake; dropping it stops the server.
-pub(crate) struct FakeApi {
+#[derive(Debug)]
+pub struct FakeApi {
     addr: SocketAddr,
     inner: Arc<Mutex<Inner>>,
     task: tokio::task::JoinHandle<()>,
@@ -94,7 +96,10 @@ impl Drop for FakeApi {
 
 impl FakeApi {
     /// Starts the fake with a script.
-    pub(crate) async fn start(script: Vec<Reply>) -> Self {
+    ///
+    /// # Errors
+    /// When no port on 127.0.0.1 can be bound.
+    pub async fn start(script: Vec<Reply>) -> std::io::Result<Self> {
         let inner = Arc::new(Mutex::new(Inner {
             script: script.into(),
             requests: Vec::new(),
@@ -102,27 +107,27 @@ impl FakeApi {
         let app = axum::Router::new()
             .route("/v1/messages", post(handle))
             .with_state(inner.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        Self { addr, inner, task }
+        Ok(Self { addr, inner, task })
     }
 
     /// The base URL to give the client (`ANTHROPIC_BASE_URL`).
-    pub(crate) fn url(&self) -> String {
+    pub fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
 
     /// The requests received so far.
-    pub(crate) fn requests(&self) -> Vec<Recorded> {
-        self.inner.lock().unwrap().requests.clone()
+    pub fn requests(&self) -> Vec<Recorded> {
+        lock(&self.inner).requests.clone()
     }
 
     /// Scripted replies not yet used.
-    pub(crate) fn remaining(&self) -> usize {
-        self.inner.lock().unwrap().script.len()
+    pub fn remaining(&self) -> usize {
+        lock(&self.inner).script.len()
     }
 }
 
@@ -132,7 +137,7 @@ async fn handle(
     body: String,
 ) -> Response {
     let reply = {
-        let mut inner = inner.lock().unwrap();
+        let mut inner = lock(&inner);
         let body = serde_json::from_str(&body).unwrap_or(Value::String(body));
         inner.requests.push(Recorded { headers, body });
         inner.script.pop_front()
@@ -143,23 +148,31 @@ async fn handle(
         tokio::time::sleep(delay).await;
         reply = *next;
     }
-    match reply {
+    let built = match reply {
         Reply::Json(status, extra, body) => {
             let mut response = Response::builder()
-                .status(StatusCode::from_u16(status).unwrap())
+                .status(StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
                 .header("content-type", "application/json");
             for (name, value) in extra {
                 response = response.header(name, value);
             }
-            response.body(Body::from(body.to_string())).unwrap()
+            response.body(Body::from(body.to_string()))
         }
         Reply::Sse(text) => Response::builder()
             .header("content-type", "text/event-stream")
-            .body(Body::from(text))
-            .unwrap(),
+            .body(Body::from(text)),
         Reply::Hang | Reply::After(..) => {
             tokio::time::sleep(Duration::from_secs(3600)).await;
-            Response::new(Body::empty())
+            Ok(Response::new(Body::empty()))
         }
-    }
+    };
+    built.unwrap_or_else(|error| {
+        let mut response = Response::new(Body::from(format!("bad scripted reply: {error}")));
+        *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+        response
+    })
+}
+
+fn lock(inner: &Mutex<Inner>) -> std::sync::MutexGuard<'_, Inner> {
+    inner.lock().unwrap_or_else(PoisonError::into_inner)
 }

@@ -1,4 +1,0 @@
-//! Helpers shared by the integration tests (each test binary uses a subset).
-#![allow(dead_code)]
-
-pub(crate) mod fake_api;
