@@ -4,11 +4,14 @@
 //! - `bench`: run benchmark cases and write `docs/benchmarks.md` (see [`bench`]);
 //! - `check-manifests`: the offline checks of `deploy/`, `flux/` and `kind/` (see [`manifests`]);
 //! - `images`: build the container images (see [`images`]);
-//! - `cluster up|down`: a kind + Cilium + Flux cluster running this checkout (see [`cluster`]).
+//! - `cluster up|down`: a kind + Cilium + Flux cluster running this checkout (see [`cluster`]);
+//! - `e2e`: the end-to-end suite against the simulated cluster, a kubeconfig's cluster or a
+//!   throwaway k3s (see [`e2e`]).
 
 mod bench;
 mod cluster;
 mod crds;
+mod e2e;
 mod images;
 mod manifests;
 
@@ -74,6 +77,27 @@ enum Command {
     /// Create (up) or delete (down) the local kind + Cilium + Flux cluster.
     #[command(subcommand)]
     Cluster(ClusterCommand),
+    /// Run the end-to-end suite (tests/) against a cluster: the simulated one by default.
+    #[command(
+        after_help = "Examples:\n  cargo xtask e2e                                # the simulated cluster (no Docker)\n  cargo xtask e2e --kubeconfig ~/.kube/config    # a cluster with deploy/ installed\n  cargo xtask e2e --k3s                          # a throwaway k3s (Docker, kubectl)\n  cargo xtask e2e -- sdk:: cli::                 # only scenarios whose name contains these"
+    )]
+    E2e {
+        /// The simulated cluster, started by the suite (the default).
+        #[arg(long, conflicts_with_all = ["kubeconfig", "k3s"])]
+        sim: bool,
+        /// A cluster where deploy/ is installed (`cargo xtask cluster up`).
+        #[arg(long, value_name = "PATH", conflicts_with = "k3s")]
+        kubeconfig: Option<PathBuf>,
+        /// A throwaway k3s in Docker (builds the images first).
+        #[arg(long)]
+        k3s: bool,
+        /// Scenarios run at once (default 4).
+        #[arg(long, value_name = "N")]
+        jobs: Option<usize>,
+        /// Run only scenarios whose name contains one of these.
+        #[arg(last = true, value_name = "FILTER")]
+        filters: Vec<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -178,6 +202,27 @@ fn run(cli: Cli) -> Result<()> {
             },
         ),
         Command::Cluster(ClusterCommand::Down { name }) => cluster::down(&root, &name),
+        Command::E2e {
+            sim: _,
+            kubeconfig,
+            k3s,
+            jobs,
+            filters,
+        } => {
+            let target = match (kubeconfig, k3s) {
+                (Some(path), _) => e2e::Target::Kubeconfig(path),
+                (None, true) => e2e::Target::K3s,
+                (None, false) => e2e::Target::Sim,
+            };
+            e2e::run(
+                &root,
+                &e2e::Options {
+                    target,
+                    jobs,
+                    filters,
+                },
+            )
+        }
     }
 }
 

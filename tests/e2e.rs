@@ -1,0 +1,21 @@
+//! The end-to-end suite's entry point (`harness = false`): see `agent_sandbox_e2e::runner`.
+//! `cargo test -p agent-sandbox-e2e` runs it on the simulated cluster; `cargo xtask e2e`
+//! chooses the cluster.
+
+fn main() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("e2e: cannot start a tokio runtime: {error}");
+            std::process::exit(2);
+        }
+    };
+    let code = runtime.block_on(agent_sandbox_e2e::runner::main());
+    // Pods, port-forwards and child processes end with the runtime.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(10));
+    std::process::exit(code);
+}

@@ -1,0 +1,263 @@
+//! Runs the scenarios against one cluster and reports like a test harness: one line per
+//! scenario with its time, skipped ones with their reason, failures in full at the end.
+//!
+//! Arguments (after `--` with `cargo test`): `--sim` (the default), `--kubeconfig PATH` or
+//! `--k3s [--images TAR]` choose the cluster (else [`env::CLUSTER`] does); words select
+//! scenarios whose name contains one of them; `--list` lists them; `--jobs N` runs N at once
+//! (default [`env::JOBS`] or 4); flags cargo's own harness takes (`--nocapture`,
+//! `--test-threads=N`, ...) are accepted and ignored.
+//! With a filter that selects nothing, no cluster is started (so `cargo test <filter>` over
+//! the whole workspace stays cheap).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt as _;
+
+use crate::cluster::{Cluster, Target};
+use crate::env;
+use crate::scenarios::{self, Scenario, Verdict};
+
+/// Longest one scenario may run before it counts as failed.
+const SCENARIO_LIMIT: Duration = Duration::from_secs(600);
+
+#[derive(Debug, Default)]
+struct Args {
+    filters: Vec<String>,
+    list: bool,
+    jobs: Option<usize>,
+    target: Option<Target>,
+}
+
+fn parse(args: impl Iterator<Item = String>) -> Result<Args, String> {
+    let mut parsed = Args::default();
+    let mut args = args.peekable();
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--list" => parsed.list = true,
+            "--sim" => parsed.target = Some(Target::Sim),
+            "--k3s" => {
+                if !matches!(parsed.target, Some(Target::K3s { .. })) {
+                    parsed.target = Some(Target::K3s { images: None });
+                }
+            }
+            "--kubeconfig" => {
+                let path = args.next().ok_or("--kubeconfig needs a path")?;
+                parsed.target = Some(Target::Kubeconfig(path.into()));
+            }
+            "--images" => {
+                let path = args
+                    .next()
+                    .ok_or("--images needs the path of an image archive")?;
+                parsed.target = Some(Target::K3s {
+                    images: Some(path.into()),
+                });
+            }
+            "--jobs" => {
+                let value = args.next().ok_or("--jobs needs a number")?;
+                parsed.jobs = Some(value.parse().map_err(|_| format!("--jobs {value:?}"))?);
+            }
+            // Taken by libtest-style harnesses; meaningless here.
+            "--nocapture" | "--show-output" | "--quiet" | "-q" | "--exact" | "--ignored"
+            | "--include-ignored" => {}
+            flag if flag.starts_with("--test-threads")
+                || flag.starts_with("--color")
+                || flag.starts_with("--format")
+                || flag.starts_with("-Z") =>
+            {
+                if !flag.contains('=') && args.peek().is_some_and(|v| !v.starts_with('-')) {
+                    args.next();
+                }
+            }
+            flag if flag.starts_with('-') => return Err(format!("unknown option {flag}")),
+            filter => parsed.filters.push(filter.to_owned()),
+        }
+    }
+    Ok(parsed)
+}
+
+fn jobs(args: &Args) -> usize {
+    args.jobs
+        .or_else(|| std::env::var(env::JOBS).ok()?.parse().ok())
+        .unwrap_or(4)
+        .max(1)
+}
+
+/// The outcome of one scenario.
+#[derive(Debug)]
+enum Outcome {
+    Passed,
+    Skipped(String),
+    Failed(String),
+}
+
+/// Runs the suite with the process's arguments and environment; returns the exit code.
+pub async fn main() -> i32 {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("AGENT_SANDBOX_E2E_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+    let args = match parse(std::env::args().skip(1)) {
+        Ok(args) => args,
+        Err(message) => {
+            eprintln!("e2e: {message}");
+            return 2;
+        }
+    };
+    let selected: Vec<Scenario> = scenarios::all()
+        .into_iter()
+        .filter(|s| args.filters.is_empty() || args.filters.iter().any(|f| s.name.contains(f)))
+        .collect();
+    if args.list {
+        for scenario in &selected {
+            println!("{}: test", scenario.name);
+        }
+        return 0;
+    }
+    if selected.is_empty() {
+        println!("e2e: no scenario matches {:?}; nothing to do", args.filters);
+        return 0;
+    }
+    let target = match args.target.clone().map_or_else(Target::from_env, Ok) {
+        Ok(target) => target,
+        Err(error) => {
+            eprintln!("e2e: {error}");
+            return 2;
+        }
+    };
+    let started = Instant::now();
+    println!("e2e: starting {} ...", target.describe());
+    let cluster = match Cluster::start(&target).await {
+        Ok(cluster) => Arc::new(cluster),
+        Err(error) => {
+            eprintln!("e2e: the cluster is not usable: {error}");
+            return 1;
+        }
+    };
+    println!(
+        "e2e: {} ready in {:.1} s (namespace {}, pool {}, run {}); running {} scenarios, {} at once",
+        cluster.description,
+        started.elapsed().as_secs_f64(),
+        cluster.namespace,
+        cluster.pool,
+        cluster.run,
+        selected.len(),
+        jobs(&args)
+    );
+
+    let running = futures_util::stream::iter(selected.iter().copied().map(|scenario| {
+        let cluster = cluster.clone();
+        async move {
+            let began = Instant::now();
+            let task = tokio::spawn(async move {
+                let cluster = cluster;
+                tokio::time::timeout(SCENARIO_LIMIT, (scenario.run)(&cluster)).await
+            });
+            let outcome = match task.await {
+                Ok(Ok(Ok(Verdict::Passed))) => Outcome::Passed,
+                Ok(Ok(Ok(Verdict::Skipped(reason)))) => Outcome::Skipped(reason),
+                Ok(Ok(Err(error))) => Outcome::Failed(error.to_string()),
+                Ok(Err(_)) => Outcome::Failed(format!(
+                    "did not finish within {} s",
+                    SCENARIO_LIMIT.as_secs()
+                )),
+                Err(join) => Outcome::Failed(format!("panicked: {join}")),
+            };
+            let took = began.elapsed();
+            match &outcome {
+                Outcome::Passed => {
+                    println!("ok      {} ({:.1} s)", scenario.name, took.as_secs_f64());
+                }
+                Outcome::Skipped(reason) => println!("skipped {}: {reason}", scenario.name),
+                Outcome::Failed(_) => {
+                    println!("FAILED  {} ({:.1} s)", scenario.name, took.as_secs_f64());
+                }
+            }
+            (scenario, outcome)
+        }
+    }))
+    .buffer_unordered(jobs(&args));
+    let results: Vec<(Scenario, Outcome)> = running.collect().await;
+
+    let left = match cluster.cleanup().await {
+        Ok(left) => left,
+        Err(error) => {
+            eprintln!("e2e: cleanup failed: {error}");
+            0
+        }
+    };
+    let failures: Vec<_> = results
+        .iter()
+        .filter_map(|(s, o)| match o {
+            Outcome::Failed(message) => Some((s.name, message)),
+            _ => None,
+        })
+        .collect();
+    for (name, message) in &failures {
+        println!("\n---- {name} ----\n{message}");
+    }
+    let passed = results
+        .iter()
+        .filter(|(_, o)| matches!(o, Outcome::Passed))
+        .count();
+    let skipped = results
+        .iter()
+        .filter(|(_, o)| matches!(o, Outcome::Skipped(_)))
+        .count();
+    println!(
+        "\ne2e on {}: {passed} passed, {skipped} skipped, {} failed in {:.1} s",
+        cluster.description,
+        failures.len(),
+        started.elapsed().as_secs_f64()
+    );
+    if left > 0 {
+        println!(
+            "e2e: deleted {left} object(s) the scenarios left behind (label {}={})",
+            crate::support::RUN_LABEL,
+            cluster.run
+        );
+    }
+    if let Ok(cluster) = Arc::try_unwrap(cluster) {
+        cluster.stop().await;
+    }
+    i32::from(!failures.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(words: &[&str]) -> Result<Args, String> {
+        parse(words.iter().map(|w| (*w).to_owned()))
+    }
+
+    #[test]
+    fn filters_flags_and_harness_options_are_told_apart() {
+        let parsed = args(&[
+            "sdk",
+            "--nocapture",
+            "--test-threads",
+            "2",
+            "--jobs",
+            "3",
+            "cli",
+        ])
+        .unwrap_or_default();
+        assert_eq!(parsed.filters, ["sdk", "cli"]);
+        assert_eq!(parsed.jobs, Some(3));
+        assert!(args(&["--frobnicate"]).is_err());
+        assert!(args(&["--jobs"]).is_err());
+    }
+
+    #[test]
+    fn every_scenario_has_a_unique_name_in_its_area() {
+        let names: Vec<&str> = scenarios::all().iter().map(|s| s.name).collect();
+        let unique: std::collections::BTreeSet<&str> = names.iter().copied().collect();
+        assert_eq!(unique.len(), names.len());
+        for area in ["controller::", "sdk::", "cli::", "agent::", "network::"] {
+            assert!(names.iter().any(|n| n.starts_with(area)), "{area}");
+        }
+    }
+}

@@ -1,0 +1,175 @@
+//! `cargo xtask e2e`: runs the end-to-end suite (the `agent-sandbox-e2e` package in `tests/`)
+//! against the cluster the flags name, by running its test binary with cargo and passing the
+//! cluster on to it (`-- --sim | --kubeconfig PATH | --k3s --images TAR`).
+//!
+//! - default / `--sim`: the simulated cluster, started by the suite (no Docker);
+//! - `--kubeconfig PATH`: a cluster where `deploy/` is installed (`cargo xtask cluster up`);
+//! - `--k3s`: builds the images, saves them to `target/e2e-images.tar`, and lets the suite start
+//!   a throwaway k3s with testcontainers (needs Docker and kubectl).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::images;
+
+/// Which cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Target {
+    Sim,
+    Kubeconfig(PathBuf),
+    K3s,
+}
+
+/// What `cargo xtask e2e` was asked.
+#[derive(Debug)]
+pub(crate) struct Options {
+    pub(crate) target: Target,
+    /// Scenarios run at once.
+    pub(crate) jobs: Option<usize>,
+    /// Name filters for the scenarios.
+    pub(crate) filters: Vec<String>,
+}
+
+/// The cargo invocation that runs the suite's binary (`images`: the archive for `--k3s`).
+pub(crate) fn cargo_args(options: &Options, images: Option<&Path>) -> Vec<String> {
+    let mut args: Vec<String> = ["test", "--package", "agent-sandbox-e2e", "--test", "e2e"]
+        .map(str::to_owned)
+        .to_vec();
+    if options.target == Target::K3s {
+        args.extend(["--features".to_owned(), "k3s".to_owned()]);
+    }
+    args.push("--".to_owned());
+    match &options.target {
+        Target::Sim => args.push("--sim".to_owned()),
+        Target::Kubeconfig(path) => {
+            args.extend(["--kubeconfig".to_owned(), path.display().to_string()]);
+        }
+        Target::K3s => {
+            args.push("--k3s".to_owned());
+            if let Some(images) = images {
+                args.extend(["--images".to_owned(), images.display().to_string()]);
+            }
+        }
+    }
+    if let Some(jobs) = options.jobs {
+        args.extend(["--jobs".to_owned(), jobs.to_string()]);
+    }
+    args.extend(options.filters.iter().cloned());
+    args
+}
+
+/// Runs the suite; fails when a scenario failed or the cluster was not usable.
+pub(crate) fn run(root: &Path, options: &Options) -> Result<()> {
+    let images = match &options.target {
+        Target::Kubeconfig(path) if !path.is_file() => bail!(
+            "kubeconfig {} does not exist: pass the kubeconfig of a cluster where deploy/ is \
+             installed (`cargo xtask cluster up` writes ~/.kube/config)",
+            path.display()
+        ),
+        Target::K3s => Some(save_images(root)?),
+        _ => None,
+    };
+    let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()));
+    command
+        .current_dir(root)
+        .args(cargo_args(options, images.as_deref()));
+    let status = command
+        .status()
+        .with_context(|| format!("failed to start `{}`", images::show(&command)))?;
+    if !status.success() {
+        bail!("the end-to-end suite failed ({status}); its report is above");
+    }
+    Ok(())
+}
+
+/// Builds the images and saves them in one archive for the k3s node.
+fn save_images(root: &Path) -> Result<PathBuf> {
+    if crate::cluster::find_tool("kubectl", &std::env::var_os("PATH").unwrap_or_default()).is_none()
+    {
+        bail!(
+            "--k3s needs kubectl (it applies deploy/overlays/kind to the k3s cluster): {}",
+            crate::cluster::TOOLS
+                .iter()
+                .find(|t| t.name == "kubectl")
+                .map_or("", |t| t.install)
+        );
+    }
+    images::require_docker()?;
+    let built = images::build(
+        root,
+        &images::Options {
+            tag: images::DEV_TAG.to_owned(),
+            registry: None,
+            push: false,
+            pin_release: false,
+        },
+    )?;
+    let archive = root.join("target").join("e2e-images.tar");
+    std::fs::create_dir_all(root.join("target"))?;
+    images::run(
+        Command::new("docker")
+            .arg("save")
+            .arg("--output")
+            .arg(&archive)
+            .args(&built),
+    )?;
+    Ok(archive)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn k3s_builds_the_suite_with_its_feature_and_filters_follow_the_separator() {
+        let options = Options {
+            target: Target::K3s,
+            jobs: Some(2),
+            filters: vec!["sdk".to_owned()],
+        };
+        let args = cargo_args(&options, Some(Path::new("/t/images.tar")));
+        let separator = args.iter().position(|a| a == "--").unwrap_or(usize::MAX);
+        let features = args.iter().position(|a| a == "k3s").unwrap_or(usize::MAX);
+        assert!(features < separator, "{args:?}");
+        assert_eq!(
+            args[separator + 1..],
+            ["--k3s", "--images", "/t/images.tar", "--jobs", "2", "sdk"]
+        );
+        let sim = cargo_args(
+            &Options {
+                target: Target::Sim,
+                jobs: None,
+                filters: vec![],
+            },
+            None,
+        );
+        assert!(!sim.contains(&"--features".to_owned()));
+        assert_eq!(sim.last().map(String::as_str), Some("--sim"));
+        let kube = cargo_args(
+            &Options {
+                target: Target::Kubeconfig(PathBuf::from("/k/config")),
+                jobs: None,
+                filters: vec![],
+            },
+            None,
+        );
+        assert!(kube.ends_with(&["--kubeconfig".to_owned(), "/k/config".to_owned()]));
+    }
+
+    /// A kubeconfig that is not there is refused before anything is built.
+    #[test]
+    fn a_missing_kubeconfig_is_named() {
+        let options = Options {
+            target: Target::Kubeconfig(PathBuf::from("/nonexistent/kubeconfig")),
+            jobs: None,
+            filters: vec![],
+        };
+        let error = run(Path::new("/nonexistent"), &options).unwrap_err();
+        assert!(
+            error.to_string().contains("/nonexistent/kubeconfig"),
+            "{error}"
+        );
+    }
+}
