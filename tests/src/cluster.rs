@@ -152,7 +152,8 @@ pub struct Cluster {
     pub network: NetworkEnforcement,
     /// `HOST:PORT` a sandbox should reach on the internet.
     pub public_address: String,
-    /// This run's id: in the names and the [`RUN_LABEL`] of everything it creates.
+    /// This run's id: in the names and the run label (`e2e.agent-sandbox.dev/run`) of everything
+    /// it creates.
     pub run: String,
     scratch: tempfile::TempDir,
     backing: Backing,

@@ -34,11 +34,13 @@ pub(crate) struct Options {
 
 /// The cargo invocation that runs the suite's binary (`images`: the archive for `--k3s`).
 pub(crate) fn cargo_args(options: &Options, images: Option<&Path>) -> Vec<String> {
-    let mut args: Vec<String> = ["test", "--package", "agent-sandbox-e2e", "--test", "e2e"]
+    // `--workspace`: features resolved as for `cargo test --workspace`, whose build of the
+    // suite is then reused (only the package `agent-sandbox-e2e` has a test named `e2e`).
+    let mut args: Vec<String> = ["test", "--workspace", "--test", "e2e"]
         .map(str::to_owned)
         .to_vec();
     if options.target == Target::K3s {
-        args.extend(["--features".to_owned(), "k3s".to_owned()]);
+        args.extend(["--features".to_owned(), "agent-sandbox-e2e/k3s".to_owned()]);
     }
     args.push("--".to_owned());
     match &options.target {
@@ -131,7 +133,10 @@ mod tests {
         };
         let args = cargo_args(&options, Some(Path::new("/t/images.tar")));
         let separator = args.iter().position(|a| a == "--").unwrap_or(usize::MAX);
-        let features = args.iter().position(|a| a == "k3s").unwrap_or(usize::MAX);
+        let features = args
+            .iter()
+            .position(|a| a == "agent-sandbox-e2e/k3s")
+            .unwrap_or(usize::MAX);
         assert!(features < separator, "{args:?}");
         assert_eq!(
             args[separator + 1..],

@@ -1,7 +1,7 @@
 //! Project automation, in the style of rust-analyzer's xtask: `cargo xtask <command>`.
 //!
 //! - `gen-crds`: write `deploy/crds/` from `crates/api` (checked by a test, see [`crds`]);
-//! - `bench`: run benchmark cases and write `docs/benchmarks.md` (see [`bench`]);
+//! - `bench`: run benchmark cases and write `docs/benchmarks.md` (see [`mod@bench`]);
 //! - `check-manifests`: the offline checks of `deploy/`, `flux/` and `kind/` (see [`manifests`]);
 //! - `images`: build the container images (see [`images`]);
 //! - `cluster up|down`: a kind + Cilium + Flux cluster running this checkout (see [`cluster`]);
@@ -108,7 +108,7 @@ enum ClusterCommand {
         after_help = "Examples:\n  cargo xtask cluster up\n  cargo xtask cluster up --no-flux     # kubectl apply -k deploy/overlays/kind instead of Flux"
     )]
     Up {
-        /// kind cluster name (kubectl context kind-<name>).
+        /// kind cluster name (kubectl context `kind-<name>`).
         #[arg(long, default_value = "agent-sandbox")]
         name: String,
         /// Apply deploy/ with kubectl instead of installing Flux.

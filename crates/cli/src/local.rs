@@ -75,7 +75,7 @@ pub enum RouterAuth {
     /// One random bearer token for every sandbox ([`LocalCluster::router_token`]).
     #[default]
     Token,
-    /// A random signing key; clients need a token per sandbox ([`LocalCluster::mint_token`]).
+    /// A random signing key; clients need a token per sandbox ([`LocalCluster::token_for`]).
     Scoped,
     /// No authentication (anyone on this machine, pods included, reaches every sandbox).
     None,

@@ -18,6 +18,9 @@
 //! (confined file operations), `output` (bounded output log), `split` (upstream's shlex
 //! splitting), [`harden`] (optional Landlock / `no_new_privs`).
 
+// The module map above links the private modules, for readers of the source.
+#![allow(rustdoc::private_intra_doc_links)]
+
 pub mod config;
 mod error;
 mod exec;

@@ -554,8 +554,8 @@ fn example_binary(name: &str) -> std::path::PathBuf {
         .args([
             "build",
             "--quiet",
-            "-p",
-            "agent-sandbox",
+            // Features resolved as `cargo test --workspace` does: its artifacts are reused.
+            "--workspace",
             "--example",
             name,
             "--target-dir",

@@ -14,6 +14,9 @@
 //! The sim is a test harness and a playground, never a production target; `docs/sim.md` lists
 //! every way it differs from a real cluster.
 
+// The module map above links the private modules, for readers of the source.
+#![allow(rustdoc::private_intra_doc_links)]
+
 mod admission;
 mod api;
 mod apply;

@@ -22,8 +22,12 @@ fn built() -> &'static Mutex<HashMap<(String, String), PathBuf>> {
     BUILT.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-/// Builds `bin` of workspace package `package` with `cargo build` (once per process, into the
-/// running executable's target directory and profile) and returns its path.
+/// Builds `bin` of workspace package `package` with `cargo build --workspace` (once per
+/// process, into the running executable's target directory and profile) and returns its path.
+///
+/// `--workspace` makes every such build resolve features over the whole workspace, as
+/// `cargo test --workspace` does: the binaries reuse that run's dependency artifacts instead of
+/// rebuilding the graph with a per-package feature set (minutes on a cold CI machine).
 ///
 /// Meant for integration tests that need another crate's binary, e.g.
 /// `workspace_binary("agent-sandbox-runtime", "sandbox-runtime")`. The lock is held during the
@@ -47,8 +51,7 @@ pub fn workspace_binary(package: &str, bin: &str) -> Result<PathBuf> {
         .args([
             "build",
             "--quiet",
-            "-p",
-            package,
+            "--workspace",
             "--bin",
             bin,
             "--target-dir",
