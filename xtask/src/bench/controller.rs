@@ -49,25 +49,10 @@ pub(super) fn cases() -> Vec<Case> {
 const NS: &str = "default";
 
 fn build(root: &Path) -> Result<PathBuf> {
-    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()))
-        .args(["build", "--quiet", "--release"])
-        .args(["-p", "agent-sandbox-sim", "--bin", "kube-sim"])
-        .args(["-p", "agent-sandbox-runtime", "--bin", "sandbox-runtime"])
-        .args([
-            "-p",
-            "agent-sandbox-controller",
-            "--bin",
-            "agent-sandbox-controller",
-        ])
-        .current_dir(root)
-        .status()
-        .context("failed to run cargo build for the controller bench")?;
-    if !status.success() {
-        bail!(
-            "cargo build --release of kube-sim, sandbox-runtime and agent-sandbox-controller failed"
-        );
-    }
-    Ok(root.join("target/release"))
+    super::build_release(
+        root,
+        &["kube-sim", "sandbox-runtime", "agent-sandbox-controller"],
+    )
 }
 
 /// A child process killed on drop.

@@ -15,10 +15,11 @@ mod sdk;
 mod sim;
 mod stats;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::{Context as _, Result, bail};
 
 pub(crate) use report::Row;
 pub(crate) use stats::Samples;
@@ -108,4 +109,26 @@ pub(crate) fn format_duration(duration: Duration) -> String {
     } else {
         format!("{:.2} s", nanos / 1e9)
     }
+}
+
+/// Builds the named workspace binaries in release and returns `target/release`.
+///
+/// `--workspace` resolves features once for the whole workspace, as the release xtask running
+/// the benches was built: every case's binaries share that build's dependency artifacts instead
+/// of rebuilding the graph with a per-package feature set.
+pub(crate) fn build_release(root: &Path, bins: &[&str]) -> Result<PathBuf> {
+    let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()));
+    command
+        .args(["build", "--quiet", "--release", "--workspace"])
+        .current_dir(root);
+    for bin in bins {
+        command.args(["--bin", bin]);
+    }
+    let status = command
+        .status()
+        .with_context(|| format!("failed to run cargo build for {}", bins.join(", ")))?;
+    if !status.success() {
+        bail!("cargo build --release of {} failed", bins.join(", "));
+    }
+    Ok(root.join("target/release"))
 }

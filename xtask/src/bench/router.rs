@@ -49,16 +49,8 @@ pub(super) fn cases() -> Vec<Case> {
 }
 
 /// Builds a release binary on demand.
-fn build(root: &Path, package: &str, bin: &str) -> Result<PathBuf> {
-    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()))
-        .args(["build", "--quiet", "--release", "-p", package, "--bin", bin])
-        .current_dir(root)
-        .status()
-        .with_context(|| format!("failed to run cargo build for {bin}"))?;
-    if !status.success() {
-        bail!("cargo build --release -p {package} --bin {bin} failed");
-    }
-    Ok(root.join("target/release").join(bin))
+fn build(root: &Path, bin: &str) -> Result<PathBuf> {
+    Ok(super::build_release(root, &[bin])?.join(bin))
 }
 
 /// A child process that logs `listening on <addr>` on stderr; killed on drop.
@@ -131,8 +123,8 @@ struct Stack {
 
 impl Stack {
     fn start(root: &Path, rt: &tokio::runtime::Runtime, name: &str) -> Result<Self> {
-        let runtime_bin = build(root, "agent-sandbox-runtime", "sandbox-runtime")?;
-        let router_bin = build(root, "agent-sandbox-router", "sandbox-router")?;
+        let runtime_bin = build(root, "sandbox-runtime")?;
+        let router_bin = build(root, "sandbox-router")?;
         let pid = std::process::id();
         let runtime_dir = std::env::temp_dir().join(format!("bench-router-rt-{name}-{pid}"));
         std::fs::create_dir_all(&runtime_dir)?;

@@ -42,23 +42,7 @@ pub(super) fn cases() -> Vec<Case> {
 
 /// The release binary, built on demand.
 fn build(root: &Path) -> Result<PathBuf> {
-    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()))
-        .args([
-            "build",
-            "--quiet",
-            "--release",
-            "-p",
-            "agent-sandbox-runtime",
-            "--bin",
-            "sandbox-runtime",
-        ])
-        .current_dir(root)
-        .status()
-        .context("failed to run cargo build for sandbox-runtime")?;
-    if !status.success() {
-        bail!("cargo build --release -p agent-sandbox-runtime failed");
-    }
-    Ok(root.join("target/release/sandbox-runtime"))
+    Ok(super::build_release(root, &["sandbox-runtime"])?.join("sandbox-runtime"))
 }
 
 /// A running runtime, killed on drop, with its base directory removed.

@@ -4,13 +4,12 @@
 //! the release `sandbox-router` as the router pod for port-forward mode).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use agent_sandbox::ExecOptions;
 use agent_sandbox::harness::{Harness, HarnessConfig, NAMESPACE, POOL};
 use agent_sandbox_api::SandboxWarmPool;
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use kube::Api;
 
 use super::{Case, Options, Row, Samples, format_duration};
@@ -48,17 +47,7 @@ fn gateway(root: &Path, options: Options) -> Result<Vec<Row>> {
 }
 
 fn build(root: &Path) -> Result<(PathBuf, PathBuf)> {
-    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()))
-        .args(["build", "--quiet", "--release"])
-        .args(["-p", "agent-sandbox-runtime", "--bin", "sandbox-runtime"])
-        .args(["-p", "agent-sandbox-router", "--bin", "sandbox-router"])
-        .current_dir(root)
-        .status()
-        .context("failed to run cargo build for the sdk bench")?;
-    if !status.success() {
-        bail!("cargo build --release of sandbox-runtime and sandbox-router failed");
-    }
-    let bin = root.join("target/release");
+    let bin = super::build_release(root, &["sandbox-runtime", "sandbox-router"])?;
     Ok((bin.join("sandbox-runtime"), bin.join("sandbox-router")))
 }
 

@@ -41,27 +41,7 @@ pub(super) fn cases() -> Vec<Case> {
 /// Builds the release binaries the cases run (the runtime lands next to kube-sim, where the
 /// default image table finds it).
 fn build(root: &Path) -> Result<PathBuf> {
-    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()))
-        .args([
-            "build",
-            "--quiet",
-            "--release",
-            "-p",
-            "agent-sandbox-sim",
-            "--bin",
-            "kube-sim",
-            "-p",
-            "agent-sandbox-runtime",
-            "--bin",
-            "sandbox-runtime",
-        ])
-        .current_dir(root)
-        .status()
-        .context("failed to run cargo build for kube-sim")?;
-    if !status.success() {
-        bail!("cargo build --release -p agent-sandbox-sim -p agent-sandbox-runtime failed");
-    }
-    Ok(root.join("target/release/kube-sim"))
+    Ok(super::build_release(root, &["kube-sim", "sandbox-runtime"])?.join("kube-sim"))
 }
 
 /// A running kube-sim, killed on drop, with its files removed.

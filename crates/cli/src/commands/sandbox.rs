@@ -203,9 +203,22 @@ fn exec_options(args: &CommandArgs) -> Result<ExecOptions> {
         let mut input = Vec::new();
         std::io::Read::read_to_end(&mut std::io::stdin(), &mut input)
             .map_err(io("read standard input"))?;
-        options = options.stdin(String::from_utf8_lossy(&input).into_owned());
+        options = options.stdin(stdin_text(input)?);
     }
     Ok(options)
+}
+
+/// Standard input for `--stdin`, which the runtime takes as text: bytes that are not UTF-8
+/// are refused rather than silently replaced.
+fn stdin_text(input: Vec<u8>) -> Result<String> {
+    String::from_utf8(input).map_err(|e| {
+        Error::Usage(format!(
+            "--stdin sends text, and standard input is not UTF-8 (invalid byte at offset {}); \
+             for binary data copy it in first (`sandboxctl cp - CLAIM:input.bin`) and read \
+             the file in the command",
+            e.utf8_error().valid_up_to()
+        ))
+    })
 }
 
 /// How a streamed command ended.
@@ -771,6 +784,20 @@ pub async fn rm(cluster: &Cluster, args: RmArgs) -> Result<i32> {
 mod tests {
     use super::*;
     use pretty_assertions::assert_eq;
+
+    #[test]
+    fn stdin_that_is_not_utf8_is_refused_naming_the_offset() {
+        assert_eq!(
+            stdin_text(b"print(6*7)\n".to_vec()).ok().as_deref(),
+            Some("print(6*7)\n")
+        );
+        let message = stdin_text(b"ab\xffcd".to_vec())
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(message.contains("offset 2"), "{message}");
+        assert!(message.contains("sandboxctl cp -"), "{message}");
+    }
 
     #[test]
     fn cp_operands_are_remote_only_with_a_claim_name_before_the_colon() {
