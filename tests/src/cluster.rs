@@ -546,21 +546,11 @@ pub(crate) fn write_private(dir: &Path, name: &str, contents: &[u8]) -> Result<P
     Ok(path)
 }
 
-/// A temporary directory outside `/tmp` (sandboxes under bubblewrap get a private `/tmp`, and
-/// the sim's router pod reads its key from here): under the running executable's target
-/// directory when there is one, else the current directory.
+/// A scratch directory outside `/tmp` (sandboxes under bubblewrap get a private `/tmp`, and
+/// the sim's router pod reads its key from here).
 pub(crate) fn scratch_dir() -> Result<tempfile::TempDir> {
-    let base = std::env::current_exe()
-        .ok()
-        .and_then(|exe| {
-            exe.ancestors()
-                .find(|dir| dir.file_name().is_some_and(|n| n == "target"))
-                .map(Path::to_path_buf)
-        })
-        .or_else(|| std::env::current_dir().ok())
-        .unwrap_or_else(|| PathBuf::from("."));
-    tempfile::Builder::new()
-        .prefix("e2e-")
-        .tempdir_in(&base)
-        .map_err(Error::io("create a scratch directory in", base))
+    agent_sandbox_sim::test_support::pod_visible_dir("e2e-").map_err(Error::io(
+        "create a scratch directory in",
+        "target/ or /var/tmp",
+    ))
 }

@@ -21,9 +21,11 @@ pub const ENV_API_KEY: &str = "ANTHROPIC_API_KEY";
 pub const ENV_BASE_URL: &str = "ANTHROPIC_BASE_URL";
 /// The public endpoint.
 pub const DEFAULT_BASE_URL: &str = "https://api.anthropic.com";
-/// The model used unless `--model` says otherwise: the current Sonnet, the fast general model
-/// with tool use.
-pub const DEFAULT_MODEL: &str = "claude-sonnet-5-5";
+/// The model used unless `--model` (or `ANTHROPIC_MODEL`) says otherwise: a Sonnet model id
+/// published by Anthropic, the fast general model with tool use. Model ids are retired over
+/// time; an unknown id comes back as a 404 `not_found_error` naming it, and the agent says to
+/// pass `--model`.
+pub const DEFAULT_MODEL: &str = "claude-sonnet-4-6";
 /// Response token cap unless `--max-tokens` says otherwise (room for thinking plus a long
 /// file in one tool call, well under every current model's output limit).
 pub const DEFAULT_MAX_TOKENS: u32 = 16_000;

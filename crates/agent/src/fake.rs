@@ -35,7 +35,7 @@ impl Reply {
             vec![],
             json!({
                 "id": "msg_fake", "type": "message", "role": "assistant",
-                "model": "claude-sonnet-5-5", "content": content,
+                "model": "claude-sonnet-4-6", "content": content,
                 "stop_reason": stop_reason, "stop_sequence": null,
                 "usage": {"input_tokens": 100, "output_tokens": 20}
             }),

@@ -450,21 +450,10 @@ impl Harness {
     }
 }
 
-/// A temporary directory outside `/tmp`: under the target directory of the running
-/// executable (`target/debug/deps/x` → `target/sdk-harness-*`), else the current directory.
+/// A directory the router pod can read its kubeconfig from (not the private `/tmp` of
+/// bubblewrapped pods).
 fn kubeconfig_dir() -> Result<tempfile::TempDir> {
-    let base = std::env::current_exe()
-        .ok()
-        .and_then(|exe| {
-            exe.ancestors()
-                .find(|dir| dir.file_name().is_some_and(|n| n == "target"))
-                .map(Path::to_path_buf)
-        })
-        .or_else(|| std::env::current_dir().ok())
-        .unwrap_or_else(|| PathBuf::from("."));
-    tempfile::Builder::new()
-        .prefix("sdk-harness-")
-        .tempdir_in(base)
+    agent_sandbox_sim::test_support::pod_visible_dir("sdk-harness-")
         .map_err(boxed("create a directory for the kubeconfig"))
 }
 

@@ -86,6 +86,23 @@ pub fn workspace_binary(package: &str, bin: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// A temporary directory whose files pods can read: bubblewrapped pods get a private `/tmp`,
+/// so files a pod is pointed at (a kubeconfig, a key) must live elsewhere. Under the running
+/// executable's target directory when there is one outside `/tmp`, else under `/var/tmp`
+/// (a checkout in `/tmp` has its target directory there too).
+pub fn pod_visible_dir(prefix: &str) -> std::io::Result<tempfile::TempDir> {
+    let target = std::env::current_exe().ok().and_then(|exe| {
+        exe.ancestors()
+            .find(|dir| dir.file_name().is_some_and(|n| n == "target"))
+            .map(Path::to_path_buf)
+    });
+    let base = match target {
+        Some(dir) if !dir.starts_with("/tmp") => dir,
+        _ => PathBuf::from("/var/tmp"),
+    };
+    tempfile::Builder::new().prefix(prefix).tempdir_in(base)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
