@@ -11,8 +11,14 @@ use serde_json::json;
 #[tokio::test]
 async fn hardened_commands_cannot_write_outside() {
     let server = TestServer::start_with(|c| c.harden = true).await;
-    // Not under /tmp, which stays writable.
-    let outside = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    // Not under /tmp, which stays writable (nor is the target directory of a checkout in /tmp).
+    let target_tmp = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let base = if target_tmp.starts_with("/tmp") {
+        std::path::Path::new("/var/tmp")
+    } else {
+        target_tmp
+    };
+    let outside = tempfile::tempdir_in(base).unwrap();
     let target = outside.path().join("escaped.txt");
 
     let reply = server
