@@ -107,8 +107,9 @@ fn claim_to_first_run(root: &Path, options: Options, mode: &str) -> Result<Vec<R
                 .median(format_duration(samples.median()))
                 .p99(format_duration(samples.p99()))
                 .notes(format!(
-                    "{} warm claims from a pool of {replicas}; SDK, sim, controller and in-process router in the (dev-profile) xtask process, release runtime{} pods",
+                    "{} warm claims from a pool of {replicas}; SDK, sim, controller and in-process router in the ({}) xtask process, release runtime{} pods",
                     samples.len(),
+                    if cfg!(debug_assertions) { "dev-profile" } else { "release" },
                     if mode == "port-forward" { " and router" } else { "" }
                 )),
         ])
