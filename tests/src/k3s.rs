@@ -21,10 +21,9 @@ use testcontainers_modules::k3s::{K3s, KUBE_SECURE_PORT};
 use testcontainers_modules::testcontainers::core::ExecCommand;
 use testcontainers_modules::testcontainers::runners::AsyncRunner as _;
 use testcontainers_modules::testcontainers::{ContainerAsync, ImageExt as _};
-use tokio::task::JoinHandle;
 
 use crate::error::{Error, Result};
-use crate::support::workspace_root;
+use crate::support::{LocalController, random_key, workspace_root};
 
 /// Where the archive is copied inside the container.
 const IMAGES_IN_CONTAINER: &str = "/tmp/agent-sandbox-images.tar";
@@ -35,19 +34,7 @@ pub(crate) struct K3sCluster {
     container: Option<ContainerAsync<K3s>>,
     kube: kube::Client,
     kubeconfig: PathBuf,
-    controller: Option<JoinHandle<()>>,
-    stop: Option<tokio::sync::watch::Sender<bool>>,
-}
-
-impl Drop for K3sCluster {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(true);
-        }
-        if let Some(controller) = &self.controller {
-            controller.abort();
-        }
-    }
+    controller: Option<LocalController>,
 }
 
 fn docker(
@@ -136,19 +123,7 @@ impl K3sCluster {
             ],
         )
         .await?;
-        let (stop, mut stopped) = tokio::sync::watch::channel(false);
-        let controller_kube = kube.clone();
-        let controller = tokio::spawn(async move {
-            let shutdown = async move {
-                let _ = stopped.wait_for(|s| *s).await;
-            };
-            let config = agent_sandbox_controller::Config::default();
-            if let Err(error) =
-                agent_sandbox_controller::run(controller_kube, config, shutdown).await
-            {
-                tracing::error!(%error, "the local controller failed");
-            }
-        });
+        let controller = LocalController::start(kube.clone());
         kubectl(
             &path,
             &[
@@ -166,7 +141,6 @@ impl K3sCluster {
             kube,
             kubeconfig: path,
             controller: Some(controller),
-            stop: Some(stop),
         })
     }
 
@@ -180,11 +154,8 @@ impl K3sCluster {
 
     /// Stops the controller, then removes the container.
     pub(crate) async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(true);
-        }
         if let Some(controller) = self.controller.take() {
-            let _ = tokio::time::timeout(Duration::from_secs(10), controller).await;
+            controller.stop().await;
         }
         if let Some(container) = self.container.take() {
             let _ = container.rm().await;
@@ -228,12 +199,7 @@ async fn apply_kind_overlay(kubeconfig: &Path) -> Result<()> {
 
 /// The router's Secret with 32 random bytes, hex-encoded.
 async fn create_signing_key(kube: &kube::Client) -> Result<()> {
-    use std::io::Read as _;
-    let mut bytes = [0_u8; 32];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .map_err(Error::io("read", "/dev/urandom"))?;
-    let key: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let key = random_key()?;
     let mut secret = Secret::default();
     secret.metadata.name = Some(wire::ROUTER_SIGNING_KEY_SECRET.to_owned());
     secret.data = Some(std::collections::BTreeMap::from([(

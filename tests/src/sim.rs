@@ -6,7 +6,6 @@
 //! program it).
 
 use std::path::Path;
-use std::time::Duration;
 
 use agent_sandbox_api::{SandboxTemplate, SandboxWarmPool, labels, wire};
 use agent_sandbox_sim::{DefaultReadiness, ImageEntry, Program, Sim, SimConfig, runtime_entry};
@@ -14,10 +13,11 @@ use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service};
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use serde_json::json;
-use tokio::task::JoinHandle;
 
 use crate::error::{Error, Result};
-use crate::support::{WAIT, binary, wait_for, wait_pool_ready, workspace_root};
+use crate::support::{
+    LocalController, WAIT, binary, random_key, wait_for, wait_pool_ready, workspace_root,
+};
 
 /// The SandboxTemplate of `deploy/sandboxes` (the default of every target).
 pub(crate) const TEMPLATE: &str = "python-runtime";
@@ -33,20 +33,8 @@ pub(crate) struct SimCluster {
     sim: Option<Sim>,
     kube: kube::Client,
     router_url: String,
-    controller: Option<JoinHandle<()>>,
-    stop: Option<tokio::sync::watch::Sender<bool>>,
+    controller: Option<LocalController>,
     _dir: tempfile::TempDir,
-}
-
-impl Drop for SimCluster {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(true);
-        }
-        if let Some(controller) = &self.controller {
-            controller.abort();
-        }
-    }
 }
 
 impl SimCluster {
@@ -82,25 +70,12 @@ impl SimCluster {
         sim.apply_crds().map_err(Error::sim("apply the CRDs"))?;
         let kube = sim.client().map_err(Error::sim("build a client"))?;
 
-        let (stop, mut stopped) = tokio::sync::watch::channel(false);
-        let controller_kube = kube.clone();
-        let controller = tokio::spawn(async move {
-            let shutdown = async move {
-                let _ = stopped.wait_for(|s| *s).await;
-            };
-            let config = agent_sandbox_controller::Config::default();
-            if let Err(error) =
-                agent_sandbox_controller::run(controller_kube, config, shutdown).await
-            {
-                tracing::error!(%error, "the simulated cluster's controller failed");
-            }
-        });
+        let controller = LocalController::start(kube.clone());
         let mut cluster = Self {
             sim: Some(sim),
             kube,
             router_url: String::new(),
             controller: Some(controller),
-            stop: Some(stop),
             _dir: dir,
         };
         cluster.install_router(&key).await?;
@@ -254,11 +229,8 @@ impl SimCluster {
 
     /// Stops the controller, then the sim (which kills every pod process).
     pub(crate) async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(true);
-        }
         if let Some(controller) = self.controller.take() {
-            let _ = tokio::time::timeout(Duration::from_secs(10), controller).await;
+            controller.stop().await;
         }
         if let Some(sim) = self.sim.take() {
             sim.stop().await;
@@ -274,14 +246,4 @@ fn read_yaml<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
     let text = std::fs::read_to_string(path).map_err(Error::io("read", path))?;
     serde_saphyr::from_str(&text)
         .map_err(|e| Error::Config(format!("{} does not parse: {e}", path.display())))
-}
-
-/// 32 random bytes from the kernel, hex-encoded (the format `cargo xtask cluster up` writes).
-fn random_key() -> Result<String> {
-    use std::io::Read as _;
-    let mut bytes = [0_u8; 32];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .map_err(Error::io("read", "/dev/urandom"))?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }

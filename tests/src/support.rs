@@ -275,3 +275,62 @@ pub(crate) fn workspace_root() -> PathBuf {
         .parent()
         .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
 }
+
+/// The controller of this checkout, run in this process against a cluster's API (the sim's, or
+/// k3s's). Dropping it aborts it; [`LocalController::stop`] shuts it down gracefully.
+pub(crate) struct LocalController {
+    task: Option<tokio::task::JoinHandle<()>>,
+    stop: Option<tokio::sync::watch::Sender<bool>>,
+}
+
+impl LocalController {
+    /// Starts the controller with its default configuration.
+    pub(crate) fn start(kube: kube::Client) -> Self {
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(async move {
+            let shutdown = async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            };
+            let config = agent_sandbox_controller::Config::default();
+            if let Err(error) = agent_sandbox_controller::run(kube, config, shutdown).await {
+                tracing::error!(%error, "the local controller failed");
+            }
+        });
+        Self {
+            task: Some(task),
+            stop: Some(stop),
+        }
+    }
+
+    /// Asks the controller to shut down and waits for it (at most 10 s).
+    pub(crate) async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(true);
+        }
+        if let Some(task) = self.task.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+        }
+    }
+}
+
+impl Drop for LocalController {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(true);
+        }
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
+}
+
+/// A router signing key: 32 random bytes from the kernel, hex-encoded (the format
+/// `cargo xtask cluster up` writes).
+pub(crate) fn random_key() -> Result<String> {
+    use std::io::Read as _;
+    let mut bytes = [0_u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(Error::io("read", "/dev/urandom"))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}

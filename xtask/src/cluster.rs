@@ -266,15 +266,7 @@ pub(crate) fn up(root: &Path, options: &UpOptions) -> Result<()> {
         .map(|image| format!("{}:{}", image.local, images::DEV_TAG))
         .collect();
     if !options.skip_images {
-        images::build(
-            root,
-            &images::Options {
-                tag: images::DEV_TAG.to_owned(),
-                registry: None,
-                push: false,
-                pin_release: false,
-            },
-        )?;
+        images::build(root, &images::Options::dev())?;
     }
     run(Command::new("kind")
         .args(["load", "docker-image", "--name", name])

@@ -99,15 +99,7 @@ fn save_images(root: &Path) -> Result<PathBuf> {
         );
     }
     images::require_docker()?;
-    let built = images::build(
-        root,
-        &images::Options {
-            tag: images::DEV_TAG.to_owned(),
-            registry: None,
-            push: false,
-            pin_release: false,
-        },
-    )?;
+    let built = images::build(root, &images::Options::dev())?;
     let archive = root.join("target").join("e2e-images.tar");
     std::fs::create_dir_all(root.join("target"))?;
     images::run(

@@ -50,6 +50,18 @@ pub(crate) struct Options {
     pub(crate) pin_release: bool,
 }
 
+impl Options {
+    /// Local `agent-sandbox/*:dev` images, neither pushed nor pinned (kind and k3s load them).
+    pub(crate) fn dev() -> Self {
+        Self {
+            tag: DEV_TAG.to_owned(),
+            registry: None,
+            push: false,
+            pin_release: false,
+        }
+    }
+}
+
 /// `<registry>/<published>:<tag>`, or `<local>:<tag>` without a registry.
 pub(crate) fn reference(image: &Image, options: &Options) -> String {
     match &options.registry {

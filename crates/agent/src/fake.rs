@@ -14,6 +14,35 @@ use axum::response::Response;
 use axum::routing::post;
 use serde_json::{Value, json};
 
+/// The seed article's script: `fib.py`, written by the model's first tool call.
+pub const FIB: &str = "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        yield a\n        a, b = b, a + b\n\n\nprint(list(fibonacci(10)))\n";
+/// What `python3 fib.py` prints.
+pub const FIB_OUTPUT: &str = "[0, 1, 1, 2, 3, 5, 8, 13, 21, 34]";
+/// The model's final answer in [`seed_conversation`].
+pub const ANSWER: &str =
+    "Created `fib.py` with a generator and ran it.\n\nOutput: `[0, 1, 1, 2, 3, 5, 8, 13, 21, 34]`";
+
+/// The seed's conversation: write `fib.py`, run it, answer [`ANSWER`]. `delay` holds back the
+/// first tool call (so that a claim's expiry, whole seconds, visibly moves).
+pub fn seed_conversation(delay: Duration) -> Vec<Reply> {
+    vec![
+        Reply::After(
+            delay,
+            Box::new(Reply::tool_use(
+                "toolu_01",
+                "write_file",
+                json!({"path": "fib.py", "content": FIB}),
+            )),
+        ),
+        Reply::tool_use(
+            "toolu_02",
+            "run_command",
+            json!({"command": "python3 fib.py"}),
+        ),
+        Reply::text(ANSWER),
+    ]
+}
+
 /// One scripted answer.
 #[derive(Clone, Debug)]
 pub enum Reply {

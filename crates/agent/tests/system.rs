@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use agent_sandbox::harness::{Harness, HarnessConfig, NAMESPACE, POOL};
 use agent_sandbox_agent::agent::{LoopConfig, Reporter, Stop};
-use agent_sandbox_agent::fake::{FakeApi, Recorded, Reply};
+use agent_sandbox_agent::fake::{
+    ANSWER, FIB, FIB_OUTPUT, FakeApi, Recorded, Reply, seed_conversation,
+};
 use agent_sandbox_agent::retry::RetryPolicy;
 use agent_sandbox_agent::session::{self, SessionOptions};
 use agent_sandbox_agent::{ApiKey, MessagesClient, MessagesConfig};
@@ -20,32 +22,6 @@ use jiff::Timestamp;
 use kube::Api;
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
-
-const FIB: &str = "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        yield a\n        a, b = b, a + b\n\n\nprint(list(fibonacci(10)))\n";
-const FIB_OUTPUT: &str = "[0, 1, 1, 2, 3, 5, 8, 13, 21, 34]";
-const ANSWER: &str =
-    "Created `fib.py` with a generator and ran it.\n\nOutput: `[0, 1, 1, 2, 3, 5, 8, 13, 21, 34]`";
-
-/// The seed's conversation: write fib.py, run it, answer. `delay` holds back the first tool
-/// call so the claim's expiry visibly moves (it has whole-second precision).
-fn fib_script(delay: Duration) -> Vec<Reply> {
-    vec![
-        Reply::After(
-            delay,
-            Box::new(Reply::tool_use(
-                "toolu_01",
-                "write_file",
-                json!({"path": "fib.py", "content": FIB}),
-            )),
-        ),
-        Reply::tool_use(
-            "toolu_02",
-            "run_command",
-            json!({"command": "python3 fib.py"}),
-        ),
-        Reply::text(ANSWER),
-    ]
-}
 
 #[derive(Default)]
 struct Lines(Mutex<Vec<(Timestamp, String)>>);
@@ -156,7 +132,7 @@ async fn scripted_session_writes_runs_answers_and_keeps_the_claim_alive() {
         headers.push(("retry-after", "0".to_owned()));
     }
     let mut script = vec![limited];
-    let mut fib = fib_script(Duration::from_millis(1500));
+    let mut fib = seed_conversation(Duration::from_millis(1500));
     let answer = fib.pop().unwrap();
     script.extend(fib);
     script.push(Reply::tool_use(
@@ -321,7 +297,9 @@ async fn finish(child: ChildGuard, limit: Duration) -> (std::process::ExitStatus
 #[tokio::test]
 async fn binary_runs_the_conversation_and_deletes_the_claim() {
     let harness = harness().await;
-    let api = FakeApi::start(fib_script(Duration::ZERO)).await.unwrap();
+    let api = FakeApi::start(seed_conversation(Duration::ZERO))
+        .await
+        .unwrap();
     let child = agent_command(&api)
         .args(cluster_args(&harness))
         .arg("write a python script that prints the first 10 fibonacci numbers and run it")
@@ -430,7 +408,9 @@ async fn killed_agent_leaves_no_claim_once_the_ttl_passes() {
 /// binary serving its own runtime pods.
 #[tokio::test]
 async fn local_mode_runs_the_conversation() {
-    let api = FakeApi::start(fib_script(Duration::ZERO)).await.unwrap();
+    let api = FakeApi::start(seed_conversation(Duration::ZERO))
+        .await
+        .unwrap();
     let child = agent_command(&api)
         .args(["--local", "write fib.py and run it"])
         .spawn()

@@ -4,10 +4,10 @@
 
 use std::time::Duration;
 
-use agent_sandbox_agent::fake::{FakeApi, Reply};
+use agent_sandbox_agent::fake::{ANSWER, FIB_OUTPUT, FakeApi, seed_conversation};
 use agent_sandbox_api::SandboxClaim;
 use kube::Api;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::Verdict;
 use crate::cluster::Cluster;
@@ -15,31 +15,15 @@ use crate::ensure;
 use crate::error::{Error, Result};
 use crate::support::{binary, run_child, wait_gone};
 
-const FIB: &str = "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        yield a\n        a, b = b, a + b\n\n\nprint(list(fibonacci(10)))\n";
-const FIB_OUTPUT: &str = "[0, 1, 1, 2, 3, 5, 8, 13, 21, 34]";
-const ANSWER: &str = "Wrote fib.py and ran it: [0, 1, 1, 2, 3, 5, 8, 13, 21, 34]";
-
 /// The agent claims a sandbox, runs both tool calls in it, prints the model's answer, returns
 /// each tool's result to the model, and deletes its claim on the way out.
 pub(super) async fn the_agent_writes_and_runs_a_script_then_deletes_its_claim(
     cluster: &Cluster,
 ) -> Result<Verdict> {
     let program = binary("agent-sandbox-agent", "sandbox-agent")?;
-    let api = FakeApi::start(vec![
-        Reply::tool_use(
-            "toolu_01",
-            "write_file",
-            json!({"path": "fib.py", "content": FIB}),
-        ),
-        Reply::tool_use(
-            "toolu_02",
-            "run_command",
-            json!({"command": "python3 fib.py"}),
-        ),
-        Reply::text(ANSWER),
-    ])
-    .await
-    .map_err(Error::io("start the fake Messages API on", "127.0.0.1"))?;
+    let api = FakeApi::start(seed_conversation(Duration::ZERO))
+        .await
+        .map_err(Error::io("start the fake Messages API on", "127.0.0.1"))?;
     let mut command = cluster.command(&program);
     command
         .env(agent_sandbox_agent::client::ENV_API_KEY, "sk-ant-e2e")
