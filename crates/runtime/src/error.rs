@@ -42,5 +42,17 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// Whether the error comes from the configuration (a base directory that cannot be opened,
+    /// an address that cannot be bound, hardening that cannot be prepared) rather than from
+    /// serving: the binary exits with 2 for these, as for a bad flag.
+    pub fn is_configuration(&self) -> bool {
+        match self {
+            Self::BaseDir { .. } | Self::Bind { .. } | Self::Harden { .. } => true,
+            Self::Serve { .. } | Self::Runtime { .. } => false,
+        }
+    }
+}
+
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;

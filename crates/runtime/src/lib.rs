@@ -65,6 +65,17 @@ impl Server {
             path: config.base_dir.clone(),
             source,
         })?;
+        // Bound before anything is logged: a configuration error is then the only line.
+        let listener = TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| Error::Bind {
+                addr: config.listen,
+                source,
+            })?;
+        let local_addr = listener.local_addr().map_err(|source| Error::Bind {
+            addr: config.listen,
+            source,
+        })?;
         let probe = harden::probe();
         let hardening = if config.harden {
             let hardening =
@@ -90,16 +101,6 @@ impl Server {
             );
             None
         };
-        let listener = TcpListener::bind(config.listen)
-            .await
-            .map_err(|source| Error::Bind {
-                addr: config.listen,
-                source,
-            })?;
-        let local_addr = listener.local_addr().map_err(|source| Error::Bind {
-            addr: config.listen,
-            source,
-        })?;
         let state = Arc::new(http::AppState {
             root: Arc::new(root),
             groups: Arc::default(),

@@ -1,5 +1,11 @@
 //! `sandbox-runtime`: the in-sandbox server on :8888. Parses flags (with `SANDBOX_*`
 //! environment fallbacks), logs to stderr, and runs `agent_sandbox_runtime::run`.
+//!
+//! Errors are printed as one line (the error and its causes), never with a backtrace: a
+//! configuration error (bad flag value, base directory that cannot be opened, address that
+//! cannot be bound) exits with 2, any other failure with 1. Backtraces stay for real panics.
+
+use std::process::ExitCode;
 
 use clap::Parser;
 
@@ -15,8 +21,21 @@ struct Cli {
     args: agent_sandbox_runtime::Args,
 }
 
-fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+/// Exit code of a configuration error (as clap's usage errors).
+const CONFIGURATION: u8 = 2;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // --help and --version print to stdout and exit 0.
+        Err(error) if !error.use_stderr() => error.exit(),
+        Err(error) => {
+            // clap's first line names the flag and the problem; the rest is a usage tip.
+            let text = error.to_string();
+            eprintln!("{}", text.lines().next().unwrap_or("error: invalid arguments"));
+            return ExitCode::from(CONFIGURATION);
+        }
+    };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -33,6 +52,27 @@ fn main() -> anyhow::Result<()> {
                 .unwrap_or(tracing_subscriber::filter::LevelFilter::INFO),
         )
         .init();
-    agent_sandbox_runtime::run(cli.args.into_config())?;
-    Ok(())
+    match agent_sandbox_runtime::run(cli.args.into_config()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {}", one_line(&error));
+            if error.is_configuration() {
+                ExitCode::from(CONFIGURATION)
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
+
+/// The error and its causes, joined with `: `.
+fn one_line(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }

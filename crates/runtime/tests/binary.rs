@@ -145,3 +145,91 @@ fn invalid_configuration_names_the_flag() {
         assert!(stderr.contains(flag), "{variable}: {stderr}");
     }
 }
+
+/// Runs the binary to its exit (killed after `within` if it does not stop by itself) and returns
+/// its status and stderr.
+fn run_to_exit(command: &mut Command, within: Duration) -> (std::process::ExitStatus, String) {
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let mut guard = Guard(child);
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
+        text
+    });
+    let deadline = std::time::Instant::now() + within;
+    let status = loop {
+        if let Some(status) = guard.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the runtime did not exit within {within:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (status, reader.join().unwrap())
+}
+
+#[test]
+fn configuration_errors_are_one_line_and_exit_code_2_even_with_backtraces_on() {
+    let scratch = tempfile::tempdir().unwrap();
+    let file = scratch.path().join("a-file");
+    std::fs::write(&file, b"not a directory").unwrap();
+    // A port this test holds, so that binding it fails.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken_addr = taken.local_addr().unwrap().to_string();
+    let base = scratch.path().join("base");
+    let cases: Vec<(&str, Vec<(&str, String)>, &str)> = vec![
+        (
+            "bad flag value",
+            vec![("SANDBOX_MAX_OUTPUT_BYTES", "lots".to_owned())],
+            "--max-output-bytes",
+        ),
+        (
+            "base dir that cannot be created",
+            vec![(
+                "SANDBOX_BASE_DIR",
+                file.join("sub").to_string_lossy().into_owned(),
+            )],
+            "--base-dir",
+        ),
+        (
+            "listen address in use",
+            vec![("SANDBOX_LISTEN", taken_addr.clone())],
+            "--listen",
+        ),
+        (
+            "unparsable listen address",
+            vec![("SANDBOX_LISTEN", "nowhere".to_owned())],
+            "--listen",
+        ),
+    ];
+    for (what, env, flag) in cases {
+        let mut command = Command::new(BINARY);
+        command
+            .env("RUST_BACKTRACE", "1")
+            .env("RUST_LIB_BACKTRACE", "1")
+            .env("RUST_LOG", "info")
+            .env("SANDBOX_LISTEN", "127.0.0.1:0")
+            .env("SANDBOX_BASE_DIR", &base);
+        for (name, value) in &env {
+            command.env(name, value);
+        }
+        let (status, stderr) = run_to_exit(&mut command, Duration::from_secs(30));
+        assert_eq!(status.code(), Some(2), "{what}: {status:?}\n{stderr}");
+        let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "{what}: one line expected:\n{stderr}");
+        assert!(lines[0].contains(flag), "{what}: {stderr}");
+        assert!(
+            !stderr.to_lowercase().contains("backtrace"),
+            "{what}: {stderr}"
+        );
+    }
+    drop(taken);
+}
