@@ -185,32 +185,33 @@ fn configuration_errors_are_one_line_and_exit_code_2_even_with_backtraces_on() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let taken_addr = taken.local_addr().unwrap().to_string();
     let base = scratch.path().join("base");
-    let cases: Vec<(&str, Vec<(&str, String)>, &str)> = vec![
+    // (what, environment, the flag the line must name)
+    let cases: [(&str, (&str, String), &str); 4] = [
         (
             "bad flag value",
-            vec![("SANDBOX_MAX_OUTPUT_BYTES", "lots".to_owned())],
+            ("SANDBOX_MAX_OUTPUT_BYTES", "lots".to_owned()),
             "--max-output-bytes",
         ),
         (
             "base dir that cannot be created",
-            vec![(
+            (
                 "SANDBOX_BASE_DIR",
                 file.join("sub").to_string_lossy().into_owned(),
-            )],
+            ),
             "--base-dir",
         ),
         (
             "listen address in use",
-            vec![("SANDBOX_LISTEN", taken_addr.clone())],
+            ("SANDBOX_LISTEN", taken_addr.clone()),
             "--listen",
         ),
         (
             "unparsable listen address",
-            vec![("SANDBOX_LISTEN", "nowhere".to_owned())],
+            ("SANDBOX_LISTEN", "nowhere".to_owned()),
             "--listen",
         ),
     ];
-    for (what, env, flag) in cases {
+    for (what, (name, value), flag) in cases {
         let mut command = Command::new(BINARY);
         command
             .env("RUST_BACKTRACE", "1")
@@ -218,9 +219,7 @@ fn configuration_errors_are_one_line_and_exit_code_2_even_with_backtraces_on() {
             .env("RUST_LOG", "info")
             .env("SANDBOX_LISTEN", "127.0.0.1:0")
             .env("SANDBOX_BASE_DIR", &base);
-        for (name, value) in &env {
-            command.env(name, value);
-        }
+        command.env(name, value);
         let (status, stderr) = run_to_exit(&mut command, Duration::from_secs(30));
         assert_eq!(status.code(), Some(2), "{what}: {status:?}\n{stderr}");
         let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
