@@ -7,7 +7,7 @@
 use std::ffi::OsString;
 use std::io;
 use std::os::unix::fs::PermissionsExt as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -17,7 +17,7 @@ use bytes::{Bytes, BytesMut};
 use cap_std::fs::{Dir, MetadataExt as _, OpenOptions, OpenOptionsExt as _};
 use tokio::io::AsyncWriteExt;
 
-use crate::paths::Root;
+use crate::paths::{Beneath, Relative, Root};
 use crate::processes::rfc3339;
 
 /// Runs a blocking filesystem closure on the blocking pool.
@@ -48,8 +48,8 @@ fn mtime_system(meta: &cap_std::fs::Metadata) -> SystemTime {
 /// Legacy `/list`: the entries of directory `rel`, with symlinks followed as Python's
 /// `os.scandir` + `stat()` does (but a dangling or escaping link is described by itself
 /// instead of failing the whole listing). Sorted by name.
-pub(crate) fn list_legacy(root: &Root, rel: &Path) -> io::Result<Vec<ListEntry>> {
-    let dir = root.dir().open_dir(rel)?;
+pub(crate) fn list_legacy(root: &Root, rel: &Relative) -> io::Result<Vec<ListEntry>> {
+    let dir = root.dir().open_dir(rel.as_path())?;
     let mut entries = Vec::new();
     for entry in dir.entries()? {
         let entry = entry?;
@@ -94,8 +94,8 @@ fn file_entry(name: String, meta: &cap_std::fs::Metadata) -> FileEntry {
 
 /// `/v1` listing of directory `rel`: entries described without following symlinks, sorted by
 /// name.
-pub(crate) fn list_v1(root: &Root, rel: &Path) -> io::Result<Vec<FileEntry>> {
-    let dir = root.dir().open_dir(rel)?;
+pub(crate) fn list_v1(root: &Root, rel: &Relative) -> io::Result<Vec<FileEntry>> {
+    let dir = root.dir().open_dir(rel.as_path())?;
     let mut entries = Vec::new();
     for entry in dir.entries()? {
         let entry = entry?;
@@ -117,8 +117,8 @@ pub(crate) enum Kind {
     Other,
 }
 
-pub(crate) fn kind(root: &Root, rel: &Path) -> io::Result<Kind> {
-    let meta = root.dir().metadata(rel)?;
+pub(crate) fn kind(root: &Root, rel: &Relative) -> io::Result<Kind> {
+    let meta = root.dir().metadata(rel.as_path())?;
     Ok(if meta.is_file() {
         Kind::File { size: meta.len() }
     } else if meta.is_dir() {
@@ -131,10 +131,10 @@ pub(crate) fn kind(root: &Root, rel: &Path) -> io::Result<Kind> {
 /// Opens regular file `rel` for reading. Opening does not block on a FIFO (non-blocking open,
 /// then the type is checked on the open descriptor); anything but a regular file is an
 /// `EISDIR`/`EINVAL` error.
-pub(crate) fn open_read(root: &Root, rel: &Path) -> io::Result<(std::fs::File, u64)> {
+pub(crate) fn open_read(root: &Root, rel: &Relative) -> io::Result<(std::fs::File, u64)> {
     let mut options = OpenOptions::new();
     options.read(true).custom_flags(libc::O_NONBLOCK);
-    let file = root.dir().open_with(rel, &options)?.into_std();
+    let file = root.dir().open_with(rel.as_path(), &options)?.into_std();
     let meta = file.metadata()?;
     if meta.is_dir() {
         return Err(io::Error::from_raw_os_error(libc::EISDIR));
@@ -147,7 +147,8 @@ pub(crate) fn open_read(root: &Root, rel: &Path) -> io::Result<(std::fs::File, u
 
 /// Creates directory `rel` with its missing parents. `Ok(true)` when it was created, `Ok(false)`
 /// when it already was a directory.
-pub(crate) fn mkdir(root: &Root, rel: &Path, mode: Option<u32>) -> io::Result<bool> {
+pub(crate) fn mkdir(root: &Root, rel: &Beneath, mode: Option<u32>) -> io::Result<bool> {
+    let rel = rel.as_path();
     match root.dir().metadata(rel) {
         Ok(meta) if meta.is_dir() => return Ok(false),
         Ok(_) => return Err(io::Error::from_raw_os_error(libc::EEXIST)),
@@ -164,12 +165,10 @@ pub(crate) fn mkdir(root: &Root, rel: &Path, mode: Option<u32>) -> io::Result<bo
     Ok(true)
 }
 
-/// Removes `rel` (never the base directory): a file or symlink (not its target), an empty
-/// directory, or with `recursive` a directory and its contents.
-pub(crate) fn delete(root: &Root, rel: &Path, recursive: bool) -> io::Result<()> {
-    if is_base(rel) {
-        return Err(io::Error::from_raw_os_error(libc::EBUSY));
-    }
+/// Removes `rel` (never the base directory, which a [`Beneath`] cannot name): a file or symlink
+/// (not its target), an empty directory, or with `recursive` a directory and its contents.
+pub(crate) fn delete(root: &Root, rel: &Beneath, recursive: bool) -> io::Result<()> {
+    let rel = rel.as_path();
     let meta = root.dir().symlink_metadata(rel)?;
     if meta.is_dir() {
         if recursive {
@@ -182,21 +181,12 @@ pub(crate) fn delete(root: &Root, rel: &Path, recursive: bool) -> io::Result<()>
     }
 }
 
-/// Whether `rel` names the base directory itself.
-pub(crate) fn is_base(rel: &Path) -> bool {
-    rel.components()
-        .all(|c| matches!(c, std::path::Component::CurDir))
-}
-
 /// Where a write failed.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum WriteError {
     /// Preparing the target (parents, temp file, rename) failed.
     #[error("{0}")]
     Fs(#[source] io::Error),
-    /// The target is not a file name (`.`, `..`, the base directory).
-    #[error("the path does not name a file")]
-    NotAFileName,
     /// The body was larger than allowed.
     #[error("the body is larger than {limit} bytes")]
     TooLarge { limit: u64 },
@@ -233,16 +223,10 @@ struct Prepared {
     mode: u32,
 }
 
-fn prepare(root: &Root, rel: &Path, mode: Option<u32>) -> Result<Prepared, WriteError> {
-    let name = match rel.components().next_back() {
-        Some(std::path::Component::Normal(name)) => name.to_os_string(),
-        _ => return Err(WriteError::NotAFileName),
-    };
-    let parent = rel
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    if !is_base(parent) {
+fn prepare(root: &Root, rel: &Beneath, mode: Option<u32>) -> Result<Prepared, WriteError> {
+    let name = rel.file_name().to_os_string();
+    let parent = rel.parent();
+    if parent != Path::new(".") {
         match root.dir().create_dir_all(parent) {
             // Something that is not a directory (or a symlink that leads out or loops) is in
             // the way: opening it below reports the precise error.
@@ -304,7 +288,7 @@ const WRITE_BUFFER: usize = 256 << 10;
 /// the size.
 pub(crate) async fn write_atomic<C: Chunks>(
     root: Arc<Root>,
-    rel: PathBuf,
+    rel: Beneath,
     mode: Option<u32>,
     limit: u64,
     chunks: &mut C,
@@ -372,10 +356,228 @@ mod tests {
         assert_eq!(parse_mode("077777"), None);
     }
 
-    #[test]
-    fn base_paths() {
-        assert!(is_base(Path::new(".")));
-        assert!(is_base(Path::new("./.")));
-        assert!(!is_base(Path::new("a")));
+    mod confinement {
+        //! End-to-end property: whatever path a client gives, and whichever operation it runs
+        //! through [`Root`], nothing outside the base directory is read... written, created or
+        //! removed, and the base directory itself survives.
+
+        use std::collections::BTreeMap;
+        use std::path::Path;
+
+        use proptest::prelude::*;
+
+        use super::super::*;
+        use crate::paths::{Absolute, Beneath, PathError};
+
+        /// A byte source for [`write_atomic`].
+        struct Once(Option<Bytes>);
+
+        impl Chunks for Once {
+            async fn next_chunk(&mut self) -> Result<Option<Bytes>, String> {
+                Ok(self.0.take())
+            }
+        }
+
+        #[derive(Debug, Clone)]
+        enum Op {
+            Kind,
+            ListLegacy,
+            ListV1,
+            Read,
+            Mkdir,
+            Write,
+            Delete { recursive: bool },
+            Cwd,
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![
+                Just(Op::Kind),
+                Just(Op::ListLegacy),
+                Just(Op::ListV1),
+                Just(Op::Read),
+                Just(Op::Mkdir),
+                Just(Op::Write),
+                any::<bool>().prop_map(|recursive| Op::Delete { recursive }),
+                Just(Op::Cwd),
+            ]
+        }
+
+        /// Paths made of names that exist in the fixture (directories, files, symlinks in and
+        /// out, loops), the dot forms and empty components; relative or absolute.
+        fn client_path() -> impl Strategy<Value = String> {
+            let component = prop::sample::select(vec![
+                "a",
+                "f.txt",
+                "b",
+                "..",
+                ".",
+                "",
+                "in",
+                "out",
+                "abs",
+                "file-out",
+                "loop1",
+                "dangling",
+                "new",
+                "outside",
+                "secret.txt",
+            ]);
+            (any::<bool>(), prop::collection::vec(component, 0..6)).prop_map(|(leading, parts)| {
+                let joined = parts.join("/");
+                if leading {
+                    format!("/{joined}")
+                } else {
+                    joined
+                }
+            })
+        }
+
+        /// Everything under `dir`, without following symlinks: kind, content or link target.
+        fn snapshot(dir: &Path) -> BTreeMap<String, String> {
+            let mut out = BTreeMap::new();
+            let mut stack = vec![dir.to_path_buf()];
+            while let Some(at) = stack.pop() {
+                for entry in std::fs::read_dir(&at).unwrap() {
+                    let path = entry.unwrap().path();
+                    let key = path.strip_prefix(dir).unwrap().display().to_string();
+                    let meta = std::fs::symlink_metadata(&path).unwrap();
+                    let value = if meta.file_type().is_symlink() {
+                        format!("link {}", std::fs::read_link(&path).unwrap().display())
+                    } else if meta.is_dir() {
+                        stack.push(path.clone());
+                        format!("dir {:o}", meta.permissions().mode() & 0o7777)
+                    } else {
+                        format!(
+                            "file {}",
+                            String::from_utf8_lossy(&std::fs::read(&path).unwrap())
+                        )
+                    };
+                    out.insert(key, value);
+                }
+            }
+            out
+        }
+
+        /// `top/outside` (must stay as it is) and `top/base` with links in, out and looping.
+        fn fixture(top: &Path) -> Root {
+            let outside = top.join("outside");
+            std::fs::create_dir_all(outside.join("sub")).unwrap();
+            std::fs::write(outside.join("secret.txt"), "secret").unwrap();
+            let base = top.join("base");
+            std::fs::create_dir_all(base.join("a/b")).unwrap();
+            std::fs::write(base.join("a/f.txt"), "f").unwrap();
+            std::os::unix::fs::symlink("a", base.join("in")).unwrap();
+            std::os::unix::fs::symlink("../outside", base.join("out")).unwrap();
+            std::os::unix::fs::symlink(&outside, base.join("abs")).unwrap();
+            std::os::unix::fs::symlink("../outside/secret.txt", base.join("file-out")).unwrap();
+            std::os::unix::fs::symlink("loop2", base.join("loop1")).unwrap();
+            std::os::unix::fs::symlink("loop1", base.join("loop2")).unwrap();
+            std::os::unix::fs::symlink("nowhere", base.join("dangling")).unwrap();
+            std::os::unix::fs::symlink("../../outside", base.join("a/up")).unwrap();
+            Root::open(&base).unwrap()
+        }
+
+        fn run(
+            runtime: &tokio::runtime::Runtime,
+            root: &Arc<Root>,
+            op: &Op,
+            input: &str,
+            absolute: Absolute,
+        ) {
+            let Ok(rel) = root.relative(input, absolute) else {
+                return;
+            };
+            let mutating = matches!(op, Op::Mkdir | Op::Write | Op::Delete { .. });
+            let beneath = Beneath::new(rel.clone());
+            if mutating {
+                assert_eq!(beneath.is_err(), rel.is_base(), "{input}");
+                if let Err(error) = &beneath {
+                    assert_eq!(*error, PathError::Base);
+                }
+            }
+            match (op, beneath) {
+                (Op::Kind, _) => drop(kind(root, &rel)),
+                (Op::ListLegacy, _) => drop(list_legacy(root, &rel)),
+                (Op::ListV1, _) => drop(list_v1(root, &rel)),
+                (Op::Read, _) => {
+                    if let Ok((mut file, _)) = open_read(root, &rel) {
+                        let mut text = String::new();
+                        let _ = std::io::Read::read_to_string(&mut file, &mut text);
+                        assert_ne!(text, "secret", "{input} read a file outside");
+                    }
+                }
+                (Op::Cwd, _) => {
+                    if let Ok(dir) = root.directory(&rel) {
+                        assert!(
+                            dir.starts_with(root.canonical()),
+                            "{input}: {}",
+                            dir.display()
+                        );
+                    }
+                }
+                (_, Err(_)) => {}
+                (Op::Mkdir, Ok(rel)) => drop(mkdir(root, &rel, Some(0o700))),
+                (Op::Delete { recursive }, Ok(rel)) => {
+                    // What the delete may remove: the entry its parent resolves to (the last
+                    // component is not followed), and everything under it.
+                    let target = root.dir().canonicalize(rel.parent()).ok().map(|parent| {
+                        let parent = if parent == Path::new(".") {
+                            Path::new("")
+                        } else {
+                            &parent
+                        };
+                        parent.join(rel.file_name()).display().to_string()
+                    });
+                    let before = snapshot(root.canonical());
+                    let _ = delete(root, &rel, *recursive);
+                    let after = snapshot(root.canonical());
+                    for (key, value) in &before {
+                        if after.get(key) == Some(value) {
+                            continue;
+                        }
+                        let inside = target
+                            .as_ref()
+                            .is_some_and(|t| key == t || key.starts_with(&format!("{t}/")));
+                        assert!(inside, "deleting {input} removed {key} (target {target:?})");
+                    }
+                }
+                (Op::Write, Ok(rel)) => {
+                    let mut body = Once(Some(Bytes::from_static(b"pwned")));
+                    let _ =
+                        runtime.block_on(write_atomic(Arc::clone(root), rel, None, 100, &mut body));
+                }
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+            #[test]
+            fn no_operation_reaches_outside_the_base(
+                ops in prop::collection::vec((op(), client_path(), any::<bool>()), 1..6)
+            ) {
+                static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+                let runtime = RUNTIME.get_or_init(|| tokio::runtime::Builder::new_current_thread().build().unwrap());
+                let top = tempfile::tempdir().unwrap();
+                let root = Arc::new(fixture(top.path()));
+                let outside = snapshot(&top.path().join("outside"));
+                for (op, input, strip) in &ops {
+                    let absolute = if *strip { Absolute::StripLeadingSlash } else { Absolute::Refuse };
+                    // Absolute paths through the base directory's own spelling too.
+                    let spelled = format!("{}/{input}", root.canonical().display());
+                    for path in [input.as_str(), spelled.as_str()] {
+                        run(runtime, &root, op, path, absolute);
+                        prop_assert_eq!(&snapshot(&top.path().join("outside")), &outside, "{:?} {}", op, path);
+                        prop_assert!(root.canonical().is_dir(), "{:?} {} removed the base", op, path);
+                        let beside: Vec<String> = std::fs::read_dir(top.path())
+                            .unwrap()
+                            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                            .collect();
+                        prop_assert_eq!(beside.len(), 2, "{:?} {} wrote beside the base: {:?}", op, path, beside);
+                    }
+                }
+            }
+        }
     }
 }

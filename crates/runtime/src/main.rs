@@ -32,7 +32,10 @@ fn main() -> ExitCode {
         Err(error) => {
             // clap's first line names the flag and the problem; the rest is a usage tip.
             let text = error.to_string();
-            eprintln!("{}", text.lines().next().unwrap_or("error: invalid arguments"));
+            eprintln!(
+                "{}",
+                text.lines().next().unwrap_or("error: invalid arguments")
+            );
             return ExitCode::from(CONFIGURATION);
         }
     };

@@ -181,7 +181,7 @@ async fn v1_file_operations() {
     let reply = server.send(Method::DELETE, "/v1/files/src", &[], "").await;
     assert_eq!(reply.status, StatusCode::NOT_FOUND);
     let reply = server.send(Method::DELETE, "/v1/files/", &[], "").await;
-    assert_eq!(reply.status, StatusCode::FORBIDDEN);
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
 
     // mkdir: created, then already there.
     let reply = server
@@ -315,5 +315,106 @@ async fn v1_limits_and_traversal() {
     assert_eq!(
         (reply.status, reply.text()),
         (StatusCode::OK, "ok".to_owned())
+    );
+}
+
+/// Issue 15 item 1: a path that normalises to the base directory (`dir/..`, `.`, ``, the base's
+/// absolute path) is refused with 400 naming it by every mutating endpoint, and the sandbox's
+/// files stay; reading the base directory through such a path still works.
+#[tokio::test]
+async fn mutations_never_target_the_base_directory() {
+    let server = TestServer::start().await;
+    let base = server.base.path();
+    std::fs::create_dir(base.join("dir")).unwrap();
+    std::fs::write(base.join("dir/keep.txt"), "keep").unwrap();
+    std::fs::write(base.join("top.txt"), "top").unwrap();
+    let absolute = format!("{}/dir/..", server.base_path().display());
+    let absolute =
+        percent_encoding::utf8_percent_encode(&absolute, percent_encoding::NON_ALPHANUMERIC)
+            .to_string();
+    let intact = || {
+        assert_eq!(
+            std::fs::read_to_string(base.join("dir/keep.txt")).unwrap(),
+            "keep"
+        );
+        assert_eq!(
+            std::fs::read_to_string(base.join("top.txt")).unwrap(),
+            "top"
+        );
+    };
+    for (raw, shown) in [
+        ("dir/..", "dir/.."),
+        ("dir%2F..", "dir/.."),
+        ("dir/%2e%2e/", "dir/../"),
+        ("./dir/../.", "./dir/../."),
+        (".", "."),
+        ("", ""),
+        (absolute.as_str(), ""),
+    ] {
+        for (method, query, body) in [
+            (Method::DELETE, "?recursive=true", ""),
+            (Method::DELETE, "", ""),
+            (Method::PUT, "", "pwned"),
+            (Method::POST, "?op=mkdir", ""),
+        ] {
+            let uri = format!("/v1/files/{raw}{query}");
+            let reply = server.send(method.clone(), &uri, &[], body).await;
+            assert_eq!(
+                (reply.status, reply.json()["code"].clone()),
+                (StatusCode::BAD_REQUEST, json!("INVALID_ARGUMENT")),
+                "{method} {uri}: {}",
+                reply.text()
+            );
+            let message = reply.json()["message"].as_str().unwrap().to_owned();
+            assert!(message.contains("base directory"), "{uri}: {message}");
+            if !shown.is_empty() {
+                assert!(message.contains(&format!("'{shown}'")), "{uri}: {message}");
+            }
+            intact();
+        }
+        // Multipart PUT too.
+        let boundary = "b0undary";
+        let body = format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"x\"\r\n\r\npwned\r\n--{boundary}--\r\n"
+        );
+        let content_type = format!("multipart/form-data; boundary={boundary}");
+        let reply = server
+            .send(
+                Method::PUT,
+                &format!("/v1/files/{raw}"),
+                &[("content-type", &content_type)],
+                body,
+            )
+            .await;
+        assert_eq!(
+            reply.status,
+            StatusCode::BAD_REQUEST,
+            "{raw}: {}",
+            reply.text()
+        );
+        intact();
+    }
+    // Reading the base directory through a path that names it stays allowed.
+    let listing = server.get("/v1/files/dir/..").await;
+    assert_eq!(listing.status, StatusCode::OK);
+    assert_eq!(listing.json()["entries"][0]["name"], "dir");
+    // `..` inside the base directory is resolved lexically.
+    let reply = server.get("/v1/files/dir/../top.txt").await;
+    assert_eq!(
+        (reply.status, reply.text()),
+        (StatusCode::OK, "top".to_owned())
+    );
+    let reply = server
+        .send(Method::DELETE, "/v1/files/dir/../top.txt", &[], "")
+        .await;
+    assert_eq!(reply.status, StatusCode::NO_CONTENT);
+    assert!(!base.join("top.txt").exists());
+    intact_dir(base);
+}
+
+fn intact_dir(base: &std::path::Path) {
+    assert_eq!(
+        std::fs::read_to_string(base.join("dir/keep.txt")).unwrap(),
+        "keep"
     );
 }

@@ -510,3 +510,38 @@ async fn traversal_is_refused() {
     assert!(!std::path::Path::new("/etc/evil.txt").exists());
     assert!(!base.parent().unwrap().join("evil.txt").exists());
 }
+
+/// Issue 15 item 1: an upload whose filename names the base directory is a 400 naming it.
+#[tokio::test]
+async fn upload_never_targets_the_base_directory() {
+    let server = TestServer::start().await;
+    let base = server.base.path();
+    std::fs::create_dir(base.join("dir")).unwrap();
+    std::fs::write(base.join("dir/keep.txt"), "keep").unwrap();
+    let absolute = format!("{}/dir/..", server.base_path().display());
+    for name in ["dir/..", ".", "./", "/", "dir/../.", absolute.as_str()] {
+        let reply = upload(&server, name, b"pwned").await;
+        assert_eq!(
+            reply.status,
+            StatusCode::BAD_REQUEST,
+            "{name}: {}",
+            reply.text()
+        );
+        let message = reply.json()["message"].as_str().unwrap().to_owned();
+        assert!(
+            message.contains(&format!("'{name}'")) && message.contains("base directory"),
+            "{name}: {message}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(base.join("dir/keep.txt")).unwrap(),
+            "keep"
+        );
+    }
+    // `..` that stays inside is resolved lexically.
+    let reply = upload(&server, "dir/../new.txt", b"new").await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    assert_eq!(
+        std::fs::read_to_string(base.join("new.txt")).unwrap(),
+        "new"
+    );
+}

@@ -4,7 +4,6 @@
 //! percent-decoded once and confined by [`crate::paths`]; absolute paths outside the base
 //! directory are refused.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use agent_sandbox_api::runtime::v1::{DirectoryListing, ErrorCode, FILES_OP_MKDIR, FilesQuery};
@@ -17,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 use super::legacy::{UploadOutcome, file_response, upload_part};
 use super::{ApiError, Flavor, State, json, tail};
 use crate::files::{self, Chunks, Kind, WriteError, blocking};
-use crate::paths::Absolute;
+use crate::paths::{Absolute, Beneath, Relative};
 
 type Result<T, E = ApiError> = std::result::Result<T, E>;
 
@@ -55,13 +54,16 @@ async fn handle(
     let rel = state
         .root
         .relative(&path, Absolute::Refuse)
-        .map_err(|e| ApiError::path(Flavor::V1, e))?;
+        .map_err(|e| ApiError::path(Flavor::V1, e, &path))?;
+    // Every mutating method needs a path beneath the base directory, never the base itself.
+    let beneath =
+        |rel: Relative| Beneath::new(rel).map_err(|e| ApiError::path(Flavor::V1, e, &path));
     let method = request.method().clone();
     match method {
         Method::GET => get(&state, path, rel).await,
         Method::HEAD => head(&state, &path, rel).await,
-        Method::PUT => put(&state, &path, rel, &query, request).await,
-        Method::DELETE => delete(&state, &path, rel, &query).await,
+        Method::PUT => put(&state, &path, beneath(rel)?, &query, request).await,
+        Method::DELETE => delete(&state, &path, beneath(rel)?, &query).await,
         Method::POST => post(&state, &path, rel, &query).await,
         other => Err(ApiError::v1(
             ErrorCode::MethodNotAllowed,
@@ -70,7 +72,7 @@ async fn handle(
     }
 }
 
-async fn get(state: &State, path: String, rel: PathBuf) -> Result<Response> {
+async fn get(state: &State, path: String, rel: Relative) -> Result<Response> {
     let root = Arc::clone(&state.root);
     let kind = {
         let rel = rel.clone();
@@ -110,7 +112,7 @@ async fn get(state: &State, path: String, rel: PathBuf) -> Result<Response> {
     }
 }
 
-async fn head(state: &State, path: &str, rel: PathBuf) -> Result<Response> {
+async fn head(state: &State, path: &str, rel: Relative) -> Result<Response> {
     let root = Arc::clone(&state.root);
     let kind = blocking(move || files::kind(&root, &rel))
         .await
@@ -156,7 +158,6 @@ fn write_error(error: WriteError, path: &str, limit: u64) -> ApiError {
             ErrorCode::PayloadTooLarge,
             format!("the file is larger than {limit} bytes"),
         ),
-        WriteError::NotAFileName => invalid(format!("path '{path}' does not name a file")),
         WriteError::Body(text) => invalid(format!("reading the request body failed: {text}")),
         WriteError::Fs(error) => ApiError::fs_v1(&error, path),
     }
@@ -165,7 +166,7 @@ fn write_error(error: WriteError, path: &str, limit: u64) -> ApiError {
 async fn put(
     state: &State,
     path: &str,
-    rel: PathBuf,
+    rel: Beneath,
     query: &FilesQuery,
     request: Request,
 ) -> Result<Response> {
@@ -191,7 +192,7 @@ async fn put(
             UploadOutcome::MissingFile | UploadOutcome::NotAFile => Err(invalid(
                 "the multipart body has no `file` part with a filename",
             )),
-            UploadOutcome::Refused(error) => Err(ApiError::path(Flavor::V1, error)),
+            UploadOutcome::Refused { error, .. } => Err(ApiError::path(Flavor::V1, error, path)),
             UploadOutcome::Failed(error) => Err(write_error(error, path, limit)),
         };
     }
@@ -202,13 +203,7 @@ async fn put(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-async fn delete(state: &State, path: &str, rel: PathBuf, query: &FilesQuery) -> Result<Response> {
-    if files::is_base(&rel) {
-        return Err(ApiError::v1(
-            ErrorCode::PermissionDenied,
-            "the base directory itself cannot be deleted",
-        ));
-    }
+async fn delete(state: &State, path: &str, rel: Beneath, query: &FilesQuery) -> Result<Response> {
     let recursive = query.recursive == Some(true);
     let root = Arc::clone(&state.root);
     blocking(move || files::delete(&root, &rel, recursive))
@@ -217,12 +212,13 @@ async fn delete(state: &State, path: &str, rel: PathBuf, query: &FilesQuery) -> 
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-async fn post(state: &State, path: &str, rel: PathBuf, query: &FilesQuery) -> Result<Response> {
+async fn post(state: &State, path: &str, rel: Relative, query: &FilesQuery) -> Result<Response> {
     if query.op.as_deref() != Some(FILES_OP_MKDIR) {
         return Err(invalid(format!(
             "POST /v1/files needs ?op={FILES_OP_MKDIR}"
         )));
     }
+    let rel = Beneath::new(rel).map_err(|e| ApiError::path(Flavor::V1, e, path))?;
     let mode = match &query.mode {
         None => None,
         Some(text) => Some(

@@ -3,7 +3,8 @@
 //! Deliberate differences, all additive or stricter: `/execute` reports 127/126/124/2 instead of
 //! 1 for not found / not executable / timed out / bad quoting, keeps output on a timeout, adds
 //! the extension fields; uploads are streamed and atomic; symlinks out of the base directory
-//! and loops are refused with 403.
+//! and loops are refused with 403; an upload that names the base directory itself is a 400 and
+//! one with a directory in the way a 409 (upstream: 500).
 
 use std::time::Duration;
 
@@ -20,11 +21,11 @@ use axum::response::{IntoResponse, Response};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use tokio::time::Instant;
 
-use super::{ApiError, Flavor, State, decode_lossy, json, read_body, tail};
+use super::{ApiError, Flavor, State, decode_lossy, fs_code, json, read_body, shown, tail};
 use crate::exec::spawn::{spawn, spawn_failure_code, spawn_failure_message};
 use crate::exec::{Capture, Limits, Outcome, drive};
 use crate::files::{self, WriteError, blocking};
-use crate::paths::{Absolute, FsErrorKind, classify};
+use crate::paths::{Absolute, Beneath, FsErrorKind, PathError, classify};
 
 pub(crate) async fn health() -> Response {
     json(StatusCode::OK, &HealthResponse::ok())
@@ -202,14 +203,14 @@ pub(crate) enum UploadOutcome {
     Written { filename: String },
     MissingFile,
     NotAFile,
-    Refused(crate::paths::PathError),
+    Refused { filename: String, error: PathError },
     Failed(WriteError),
 }
 
 pub(crate) async fn upload_part(
     state: &State,
     request: Request,
-    target: Option<std::path::PathBuf>,
+    target: Option<Beneath>,
     mode: Option<u32>,
 ) -> UploadOutcome {
     let Ok(mut multipart) = Multipart::from_request(request, &()).await else {
@@ -229,9 +230,9 @@ pub(crate) async fn upload_part(
         };
         let rel = match target {
             Some(rel) => rel,
-            None => match state.root.relative(&filename, Absolute::StripLeadingSlash) {
+            None => match state.root.beneath(&filename, Absolute::StripLeadingSlash) {
                 Ok(rel) => rel,
-                Err(error) => return UploadOutcome::Refused(error),
+                Err(error) => return UploadOutcome::Refused { filename, error },
             },
         };
         let mut chunks = FieldChunks(field);
@@ -266,18 +267,27 @@ pub(crate) async fn upload(Extract(state): Extract<State>, request: Request) -> 
             &["body", "file"],
             "Value error, Expected UploadFile, received: <class 'str'>",
         ),
-        UploadOutcome::Refused(_) => {
-            ApiError::legacy(StatusCode::FORBIDDEN, ACCESS_DENIED).into_response()
-        }
+        UploadOutcome::Refused {
+            error: PathError::Nul | PathError::Escapes,
+            ..
+        } => ApiError::legacy(StatusCode::FORBIDDEN, ACCESS_DENIED).into_response(),
+        UploadOutcome::Refused { filename, error } => ApiError::legacy(
+            StatusCode::BAD_REQUEST,
+            format!("{UPLOAD_FAILED_PREFIX}path '{}' {error}", shown(&filename)),
+        )
+        .into_response(),
         UploadOutcome::Failed(WriteError::TooLarge { .. }) => too_large(&state),
         UploadOutcome::Failed(WriteError::Fs(error))
             if matches!(classify(&error), FsErrorKind::Escapes | FsErrorKind::Loop) =>
         {
             ApiError::legacy(StatusCode::FORBIDDEN, ACCESS_DENIED).into_response()
         }
-        UploadOutcome::Failed(WriteError::NotAFileName) => ApiError::legacy(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("{UPLOAD_FAILED_PREFIX}[Errno 21] Is a directory"),
+        // A directory in the way is 409, a refused permission 403, as on `/v1`: a 500 is
+        // only for the runtime's own failures (upstream answers 500 for all of them).
+        UploadOutcome::Failed(WriteError::Fs(error)) => ApiError::new(
+            Flavor::Legacy,
+            fs_code(&error),
+            format!("{UPLOAD_FAILED_PREFIX}{error}"),
         )
         .into_response(),
         UploadOutcome::Failed(error) => ApiError::legacy(
@@ -398,7 +408,7 @@ pub(crate) async fn exists(Extract(state): Extract<State>, uri: Uri) -> Response
         return access_denied();
     };
     let root = std::sync::Arc::clone(&state.root);
-    match blocking(move || root.dir().metadata(&rel)).await {
+    match blocking(move || root.dir().metadata(rel.as_path())).await {
         Ok(_) => json(StatusCode::OK, &ExistsResponse { path, exists: true }),
         Err(error) => match classify(&error) {
             FsErrorKind::Escapes | FsErrorKind::Loop => access_denied(),

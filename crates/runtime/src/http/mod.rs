@@ -194,50 +194,73 @@ impl ApiError {
         )
     }
 
-    /// A path refused before touching the filesystem.
-    pub(crate) fn path(flavor: Flavor, error: PathError) -> Self {
+    /// Client path `what`, refused before touching the filesystem. The legacy endpoints keep
+    /// upstream's 403 `Access denied` for traversal.
+    pub(crate) fn path(flavor: Flavor, error: PathError, what: &str) -> Self {
+        let message = format!("path '{}' {error}", shown(what));
         match (flavor, error) {
-            (Flavor::Legacy, _) => Self::legacy(
+            (Flavor::Legacy, PathError::Nul | PathError::Escapes) => Self::legacy(
                 StatusCode::FORBIDDEN,
                 agent_sandbox_api::runtime::ACCESS_DENIED,
             ),
-            (Flavor::V1, PathError::Nul) => Self::v1(ErrorCode::InvalidArgument, error.to_string()),
-            (Flavor::V1, PathError::Escapes) => {
-                Self::v1(ErrorCode::PermissionDenied, error.to_string())
+            (_, PathError::Escapes) => Self::v1(ErrorCode::PermissionDenied, message),
+            (_, PathError::Nul | PathError::Base) => {
+                Self::new(flavor, ErrorCode::InvalidArgument, message)
             }
         }
     }
 
     /// A filesystem error on `what` (a client path), as `/v1` reports it.
     pub(crate) fn fs_v1(error: &std::io::Error, what: &str) -> Self {
-        let (code, text) = match crate::paths::classify(error) {
-            FsErrorKind::Escapes => (
-                ErrorCode::PermissionDenied,
-                "leads outside the base directory".to_owned(),
-            ),
-            FsErrorKind::Loop => (
-                ErrorCode::InvalidArgument,
-                "has too many levels of symbolic links".to_owned(),
-            ),
-            FsErrorKind::NotFound | FsErrorKind::NotADirectory => {
-                (ErrorCode::NotFound, "does not exist".to_owned())
-            }
-            FsErrorKind::IsADirectory => (ErrorCode::Conflict, "is a directory".to_owned()),
-            FsErrorKind::NotEmpty => (
-                ErrorCode::Conflict,
-                "is a non-empty directory (use recursive=true)".to_owned(),
-            ),
-            FsErrorKind::AlreadyExists => (
-                ErrorCode::Conflict,
-                "already exists and is not a directory".to_owned(),
-            ),
-            FsErrorKind::PermissionDenied => (
-                ErrorCode::PermissionDenied,
-                format!("is not accessible: {error}"),
-            ),
-            FsErrorKind::Other => (ErrorCode::Internal, format!("failed: {error}")),
-        };
-        Self::v1(code, format!("path '{what}' {text}"))
+        let (code, text) = fs_meaning(error);
+        Self::v1(code, format!("path '{}' {text}", shown(what)))
+    }
+}
+
+/// The code a filesystem error on a client path answers (both flavours), so that what the
+/// client got wrong is a 4xx and only the runtime's own failures are a 500.
+pub(crate) fn fs_code(error: &std::io::Error) -> ErrorCode {
+    fs_meaning(error).0
+}
+
+/// What a filesystem error on a client path means: its code and the words after `path '...'`.
+fn fs_meaning(error: &std::io::Error) -> (ErrorCode, String) {
+    match crate::paths::classify(error) {
+        FsErrorKind::Escapes => (
+            ErrorCode::PermissionDenied,
+            "leads outside the base directory".to_owned(),
+        ),
+        FsErrorKind::Loop => (
+            ErrorCode::InvalidArgument,
+            "has too many levels of symbolic links".to_owned(),
+        ),
+        FsErrorKind::NotFound | FsErrorKind::NotADirectory => {
+            (ErrorCode::NotFound, "does not exist".to_owned())
+        }
+        FsErrorKind::IsADirectory => (ErrorCode::Conflict, "is a directory".to_owned()),
+        FsErrorKind::NotEmpty => (
+            ErrorCode::Conflict,
+            "is a non-empty directory (use recursive=true)".to_owned(),
+        ),
+        FsErrorKind::AlreadyExists => (
+            ErrorCode::Conflict,
+            "already exists and is not a directory".to_owned(),
+        ),
+        FsErrorKind::PermissionDenied => (
+            ErrorCode::PermissionDenied,
+            format!("is not accessible: {error}"),
+        ),
+        FsErrorKind::Other => (ErrorCode::Internal, format!("failed: {error}")),
+    }
+}
+
+/// A client path as error messages show it: cut after 256 characters, so that a hostile
+/// megabyte-long path is not echoed back whole.
+pub(crate) fn shown(path: &str) -> std::borrow::Cow<'_, str> {
+    const SHOWN: usize = 256;
+    match path.char_indices().nth(SHOWN) {
+        None => std::borrow::Cow::Borrowed(path),
+        Some((cut, _)) => std::borrow::Cow::Owned(format!("{}...", &path[..cut])),
     }
 }
 

@@ -60,13 +60,13 @@ pub(crate) fn resolve_cwd(state: &State, cwd: Option<&str>, flavor: Flavor) -> R
     let rel = state
         .root
         .relative(cwd, Absolute::Refuse)
-        .map_err(|e| ApiError::path(flavor, e))?;
+        .map_err(|e| ApiError::path(flavor, e, cwd))?;
     state
         .root
         .directory(&rel)
         .map_err(|error| match classify(&error) {
             FsErrorKind::Escapes | FsErrorKind::Loop | FsErrorKind::PermissionDenied => {
-                ApiError::path(flavor, crate::paths::PathError::Escapes)
+                ApiError::path(flavor, crate::paths::PathError::Escapes, cwd)
             }
             _ => ApiError::new(
                 flavor,
