@@ -29,6 +29,9 @@ pub(crate) enum PathError {
     /// The path leads outside the base directory.
     #[error("leads outside the base directory")]
     Escapes,
+    /// A name is longer than the kernel takes (`NAME_MAX`), or the whole path (`PATH_MAX`).
+    #[error("is too long (at most {MAX_NAME_BYTES} bytes per name and {MAX_PATH_BYTES} in all)")]
+    TooLong,
     /// A mutating operation named the base directory itself.
     #[error("names the base directory itself; give a path beneath it")]
     Base,
@@ -90,6 +93,11 @@ impl Beneath {
     }
 }
 
+/// Longest name in a path (Linux's `NAME_MAX`).
+pub(crate) const MAX_NAME_BYTES: usize = 255;
+/// Longest normalised path (Linux's `PATH_MAX` without the terminating NUL).
+pub(crate) const MAX_PATH_BYTES: usize = 4095;
+
 /// Turns a client path into a normalised path relative to the base directory.
 ///
 /// `bases` are the normalised absolute spellings of the base directory without their leading
@@ -137,7 +145,8 @@ pub(crate) fn base_spelling(base: &Path) -> Option<PathBuf> {
 
 /// Lexically normalises a relative path: empty and `.` components are dropped, `..` removes
 /// the previous component; a `..` with nothing left to remove climbs above the start and is
-/// refused. The result has only normal components, or is `.`.
+/// refused. The result has only normal components, or is `.`; names and the whole are within
+/// the kernel's limits, so an over-long path is refused here, before the filesystem.
 fn normalise(path: &str) -> Result<PathBuf, PathError> {
     let mut kept: Vec<&str> = Vec::new();
     for component in path.split('/') {
@@ -146,8 +155,13 @@ fn normalise(path: &str) -> Result<PathBuf, PathError> {
             ".." => {
                 kept.pop().ok_or(PathError::Escapes)?;
             }
+            name if name.len() > MAX_NAME_BYTES => return Err(PathError::TooLong),
             name => kept.push(name),
         }
+    }
+    let len = kept.iter().map(|name| name.len() + 1).sum::<usize>();
+    if len > MAX_PATH_BYTES + 1 {
+        return Err(PathError::TooLong);
     }
     Ok(dot_if_empty(kept.iter().collect()))
 }
@@ -167,6 +181,8 @@ pub(crate) enum FsErrorKind {
     Escapes,
     /// Too many levels of symbolic links.
     Loop,
+    /// A name or the path is too long for the kernel.
+    NameTooLong,
     /// No such file or directory.
     NotFound,
     /// A component that should be a directory is not one.
@@ -188,6 +204,9 @@ pub(crate) fn classify(error: &io::Error) -> FsErrorKind {
     let errno = error.raw_os_error();
     if errno == Some(libc::ELOOP) {
         return FsErrorKind::Loop;
+    }
+    if errno == Some(libc::ENAMETOOLONG) {
+        return FsErrorKind::NameTooLong;
     }
     if errno == Some(libc::ENOTDIR) {
         return FsErrorKind::NotADirectory;
@@ -360,6 +379,26 @@ mod tests {
     }
 
     #[test]
+    fn over_long_paths_are_refused() {
+        let name = "n".repeat(MAX_NAME_BYTES);
+        assert!(rel(&name, Absolute::Refuse).is_ok());
+        assert_eq!(
+            rel(&format!("{name}n"), Absolute::Refuse),
+            Err(PathError::TooLong)
+        );
+        // 2048 names of one byte: 4095 bytes with the slashes.
+        let longest = vec!["d"; 2048].join("/");
+        assert_eq!(longest.len(), MAX_PATH_BYTES);
+        assert!(rel(&longest, Absolute::Refuse).is_ok());
+        assert_eq!(
+            rel(&format!("{longest}/d"), Absolute::Refuse),
+            Err(PathError::TooLong)
+        );
+        // What counts is the normalised path.
+        assert!(rel(&format!("{longest}/d/.."), Absolute::Refuse).is_ok());
+    }
+
+    #[test]
     fn the_base_is_not_beneath_itself() {
         let base = relative("dir/..", &bases(), Absolute::Refuse).unwrap();
         assert!(base.is_base());
@@ -407,6 +446,10 @@ mod tests {
         assert_eq!(
             classify(&io::Error::from_raw_os_error(libc::ENOTEMPTY)),
             FsErrorKind::NotEmpty
+        );
+        assert_eq!(
+            classify(&io::Error::from_raw_os_error(libc::ENAMETOOLONG)),
+            FsErrorKind::NameTooLong
         );
     }
 

@@ -92,7 +92,8 @@ fn encode(path: &str, encoding: Encoding) -> String {
 /// A path made of the fixture's names, dot forms and empty components; relative, absolute, or
 /// absolute through the base directory's own spelling.
 fn client_path(base: String) -> impl Strategy<Value = String> {
-    let component = prop::sample::select(vec![
+    let long = "n".repeat(256);
+    let names = [
         "a",
         "f.txt",
         "b",
@@ -107,7 +108,14 @@ fn client_path(base: String) -> impl Strategy<Value = String> {
         "new",
         "secret.txt",
         "x y",
-    ]);
+    ];
+    let component = prop::sample::select(
+        names
+            .iter()
+            .map(|name| (*name).to_owned())
+            .chain([long])
+            .collect::<Vec<String>>(),
+    );
     (0..3u8, prop::collection::vec(component, 0..6)).prop_map(move |(form, parts)| {
         let joined = parts.join("/");
         match form {

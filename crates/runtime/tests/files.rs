@@ -418,3 +418,74 @@ fn intact_dir(base: &std::path::Path) {
         "keep"
     );
 }
+
+/// Issue 15 item 11 (`/v1`): an over-long path is a 400, not a 500; `HEAD` answers what `GET`
+/// answers for a FIFO; a multipart body with malformed part headers is a 400.
+#[tokio::test]
+async fn v1_status_codes_for_long_paths_fifos_and_bad_multipart() {
+    let server = TestServer::start().await;
+    let long_name = "n".repeat(300);
+    let long_path = vec!["d"; 2100].join("/");
+    for path in [long_name.as_str(), long_path.as_str()] {
+        for (method, query) in [
+            (Method::GET, ""),
+            (Method::HEAD, ""),
+            (Method::PUT, ""),
+            (Method::DELETE, ""),
+            (Method::POST, "?op=mkdir"),
+        ] {
+            let uri = format!("/v1/files/{path}{query}");
+            let reply = server.send(method.clone(), &uri, &[], "x").await;
+            assert_eq!(
+                reply.status,
+                StatusCode::BAD_REQUEST,
+                "{method} {}...",
+                &uri[..40]
+            );
+            if method != Method::HEAD {
+                assert_eq!(reply.json()["code"], "INVALID_ARGUMENT");
+            }
+        }
+        let reply = server
+            .post_json("/v1/exec", &json!({"argv": ["true"], "cwd": path}))
+            .await;
+        assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text());
+    }
+
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        server.base.path().join("fifo"),
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from(0o644),
+        0,
+    )
+    .unwrap();
+    let get = server.get("/v1/files/fifo").await;
+    let head = server.send(Method::HEAD, "/v1/files/fifo", &[], "").await;
+    assert_eq!(get.status, StatusCode::CONFLICT, "{}", get.text());
+    assert_eq!(head.status, get.status);
+
+    for body in [
+        // A part header line without a colon.
+        "--b0\r\nContent-Disposition form-data; name=\"file\"; filename=\"x\"\r\n\r\nx\r\n--b0--\r\n",
+        // A header name with a space, then garbage.
+        "--b0\r\nBad Header: y\r\n\r\nx\r\n--b0--\r\n",
+    ] {
+        let reply = server
+            .send(
+                Method::PUT,
+                "/v1/files/upload.txt",
+                &[("content-type", "multipart/form-data; boundary=b0")],
+                body,
+            )
+            .await;
+        assert_eq!(
+            reply.status,
+            StatusCode::BAD_REQUEST,
+            "{body:?}: {}",
+            reply.text()
+        );
+        assert_eq!(reply.json()["code"], "INVALID_ARGUMENT");
+    }
+    assert!(!server.base.path().join("upload.txt").exists());
+}

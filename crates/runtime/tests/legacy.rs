@@ -545,3 +545,83 @@ async fn upload_never_targets_the_base_directory() {
         "new"
     );
 }
+
+/// Issue 15 item 11 (legacy): an over-long path is a 400, not a 500 (or a 404 that hides
+/// it); `HEAD` agrees with `GET` on a FIFO; malformed multipart part headers are a 400.
+#[tokio::test]
+async fn legacy_status_codes_for_long_paths_fifos_and_bad_multipart() {
+    let server = TestServer::start().await;
+    let long_name = "n".repeat(300);
+    let long_path = vec!["d"; 2100].join("/");
+    for path in [long_name.as_str(), long_path.as_str()] {
+        for endpoint in ["/download/", "/list/", "/exists/"] {
+            let reply = server.get(&format!("{endpoint}{path}")).await;
+            assert_eq!(
+                reply.status,
+                StatusCode::BAD_REQUEST,
+                "{endpoint}: {}",
+                reply.text()
+            );
+            assert!(
+                reply.json()["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("too long")
+            );
+        }
+        let reply = upload(&server, path, b"x").await;
+        assert_eq!(
+            reply.status,
+            StatusCode::BAD_REQUEST,
+            "upload: {}",
+            reply.text()
+        );
+        let reply = server
+            .post_json("/execute", &json!({"command": "true", "cwd": path}))
+            .await;
+        assert_eq!(
+            reply.status,
+            StatusCode::BAD_REQUEST,
+            "execute: {}",
+            reply.text()
+        );
+    }
+
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        server.base.path().join("fifo"),
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from(0o644),
+        0,
+    )
+    .unwrap();
+    for endpoint in ["/download/fifo", "/list/fifo", "/exists/fifo"] {
+        let get = server.get(endpoint).await;
+        let head = server.send(Method::HEAD, endpoint, &[], "").await;
+        assert_eq!(head.status, get.status, "{endpoint}");
+        assert!(
+            get.status.is_client_error() || get.status == StatusCode::OK,
+            "{endpoint}"
+        );
+    }
+
+    for body in [
+        "--b0\r\nContent-Disposition form-data; name=\"file\"; filename=\"x\"\r\n\r\nx\r\n--b0--\r\n",
+        "--b0\r\nBad Header: y\r\n\r\nx\r\n--b0--\r\n",
+    ] {
+        let reply = server
+            .send(
+                Method::POST,
+                "/upload",
+                &[("content-type", "multipart/form-data; boundary=b0")],
+                body,
+            )
+            .await;
+        assert_eq!(
+            reply.status,
+            StatusCode::BAD_REQUEST,
+            "{body:?}: {}",
+            reply.text()
+        );
+    }
+}

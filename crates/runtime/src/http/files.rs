@@ -14,7 +14,7 @@ use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use super::legacy::{UploadOutcome, file_response, upload_part};
-use super::{ApiError, Flavor, State, json, tail};
+use super::{ApiError, Flavor, State, json, shown, tail};
 use crate::files::{self, Chunks, Kind, WriteError, blocking};
 use crate::paths::{Absolute, Beneath, Relative};
 
@@ -72,51 +72,50 @@ async fn handle(
     }
 }
 
-async fn get(state: &State, path: String, rel: Relative) -> Result<Response> {
+/// What `GET` and `HEAD` serve at `rel`: one classification, so that they always agree.
+async fn target(state: &State, path: &str, rel: &Relative) -> Result<Kind> {
     let root = Arc::clone(&state.root);
-    let kind = {
-        let rel = rel.clone();
-        blocking(move || files::kind(&root, &rel))
-            .await
-            .map_err(|e| ApiError::fs_v1(&e, &path))?
-    };
-    let root = Arc::clone(&state.root);
-    match kind {
-        Kind::Directory => {
-            let entries = blocking(move || files::list_v1(&root, &rel))
-                .await
-                .map_err(|e| ApiError::fs_v1(&e, &path))?;
-            let shown = if path.is_empty() {
-                ".".to_owned()
-            } else {
-                path
-            };
-            Ok(json(
-                StatusCode::OK,
-                &DirectoryListing {
-                    path: shown,
-                    entries,
-                },
-            ))
-        }
-        Kind::File { .. } => {
-            let (file, size) = blocking(move || files::open_read(&root, &rel))
-                .await
-                .map_err(|e| ApiError::fs_v1(&e, &path))?;
-            Ok(file_response(file, size, "application/octet-stream"))
-        }
+    let rel = rel.clone();
+    match blocking(move || files::kind(&root, &rel))
+        .await
+        .map_err(|e| ApiError::fs_v1(&e, path))?
+    {
         Kind::Other => Err(ApiError::v1(
             ErrorCode::Conflict,
-            format!("path '{path}' is neither a file nor a directory"),
+            format!("path '{}' is neither a file nor a directory", shown(path)),
         )),
+        kind => Ok(kind),
     }
 }
 
-async fn head(state: &State, path: &str, rel: Relative) -> Result<Response> {
+async fn get(state: &State, path: String, rel: Relative) -> Result<Response> {
+    let kind = target(state, &path, &rel).await?;
     let root = Arc::clone(&state.root);
-    let kind = blocking(move || files::kind(&root, &rel))
+    if kind == Kind::Directory {
+        let entries = blocking(move || files::list_v1(&root, &rel))
+            .await
+            .map_err(|e| ApiError::fs_v1(&e, &path))?;
+        let shown = if path.is_empty() {
+            ".".to_owned()
+        } else {
+            path
+        };
+        return Ok(json(
+            StatusCode::OK,
+            &DirectoryListing {
+                path: shown,
+                entries,
+            },
+        ));
+    }
+    let (file, size) = blocking(move || files::open_read(&root, &rel))
         .await
-        .map_err(|e| ApiError::fs_v1(&e, path))?;
+        .map_err(|e| ApiError::fs_v1(&e, &path))?;
+    Ok(file_response(file, size, "application/octet-stream"))
+}
+
+async fn head(state: &State, path: &str, rel: Relative) -> Result<Response> {
+    let kind = target(state, path, &rel).await?;
     let mut response = StatusCode::OK.into_response();
     let headers = response.headers_mut();
     match kind {
@@ -127,13 +126,12 @@ async fn head(state: &State, path: &str, rel: Relative) -> Result<Response> {
             );
             headers.insert(header::CONTENT_LENGTH, HeaderValue::from(size));
         }
-        Kind::Directory => {
+        Kind::Directory | Kind::Other => {
             headers.insert(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("application/json"),
             );
         }
-        Kind::Other => {}
     }
     Ok(response)
 }

@@ -3,8 +3,9 @@
 //! Deliberate differences, all additive or stricter: `/execute` reports 127/126/124/2 instead of
 //! 1 for not found / not executable / timed out / bad quoting, keeps output on a timeout, adds
 //! the extension fields; uploads are streamed and atomic; symlinks out of the base directory
-//! and loops are refused with 403; an upload that names the base directory itself is a 400 and
-//! one with a directory in the way a 409 (upstream: 500).
+//! and loops are refused with 403; an upload that names the base directory itself, an
+//! over-long path and a malformed multipart body are a 400, an upload with a directory in the
+//! way a 409 (upstream: 500, or a 404 for a long path).
 
 use std::time::Duration;
 
@@ -277,6 +278,12 @@ pub(crate) async fn upload(Extract(state): Extract<State>, request: Request) -> 
         )
         .into_response(),
         UploadOutcome::Failed(WriteError::TooLarge { .. }) => too_large(&state),
+        // A malformed multipart body (or one that stopped) is the client's: 400, not 500.
+        UploadOutcome::Failed(error @ WriteError::Body(_)) => ApiError::legacy(
+            StatusCode::BAD_REQUEST,
+            format!("{UPLOAD_FAILED_PREFIX}{error}"),
+        )
+        .into_response(),
         UploadOutcome::Failed(WriteError::Fs(error))
             if matches!(classify(&error), FsErrorKind::Escapes | FsErrorKind::Loop) =>
         {
@@ -287,11 +294,6 @@ pub(crate) async fn upload(Extract(state): Extract<State>, request: Request) -> 
         UploadOutcome::Failed(WriteError::Fs(error)) => ApiError::new(
             Flavor::Legacy,
             fs_code(&error),
-            format!("{UPLOAD_FAILED_PREFIX}{error}"),
-        )
-        .into_response(),
-        UploadOutcome::Failed(error) => ApiError::legacy(
-            StatusCode::INTERNAL_SERVER_ERROR,
             format!("{UPLOAD_FAILED_PREFIX}{error}"),
         )
         .into_response(),
@@ -318,6 +320,11 @@ fn legacy_path(uri: &Uri, prefix: &str) -> String {
 
 fn access_denied() -> Response {
     ApiError::legacy(StatusCode::FORBIDDEN, ACCESS_DENIED).into_response()
+}
+
+/// 400 for a path the kernel refuses as too long (upstream: 500 or a misleading 404).
+fn too_long(path: &str) -> Response {
+    ApiError::path(Flavor::Legacy, PathError::TooLong, path).into_response()
 }
 
 /// Characters Python's `urllib.parse.quote` leaves alone by default (plus `/`).
@@ -355,8 +362,9 @@ pub(crate) fn file_response(
 
 pub(crate) async fn download(Extract(state): Extract<State>, uri: Uri) -> Response {
     let path = legacy_path(&uri, "/download/");
-    let Ok(rel) = state.root.relative(&path, Absolute::StripLeadingSlash) else {
-        return access_denied();
+    let rel = match state.root.relative(&path, Absolute::StripLeadingSlash) {
+        Ok(rel) => rel,
+        Err(error) => return ApiError::path(Flavor::Legacy, error, &path).into_response(),
     };
     let root = std::sync::Arc::clone(&state.root);
     match blocking(move || files::open_read(&root, &rel)).await {
@@ -373,6 +381,7 @@ pub(crate) async fn download(Extract(state): Extract<State>, uri: Uri) -> Respon
             FsErrorKind::Escapes | FsErrorKind::Loop | FsErrorKind::PermissionDenied => {
                 access_denied()
             }
+            FsErrorKind::NameTooLong => too_long(&path),
             _ => ApiError::legacy(StatusCode::NOT_FOUND, FILE_NOT_FOUND).into_response(),
         },
     }
@@ -380,8 +389,9 @@ pub(crate) async fn download(Extract(state): Extract<State>, uri: Uri) -> Respon
 
 pub(crate) async fn list(Extract(state): Extract<State>, uri: Uri) -> Response {
     let path = legacy_path(&uri, "/list/");
-    let Ok(rel) = state.root.relative(&path, Absolute::StripLeadingSlash) else {
-        return access_denied();
+    let rel = match state.root.relative(&path, Absolute::StripLeadingSlash) {
+        Ok(rel) => rel,
+        Err(error) => return ApiError::path(Flavor::Legacy, error, &path).into_response(),
     };
     let root = std::sync::Arc::clone(&state.root);
     match blocking(move || files::list_legacy(&root, &rel)).await {
@@ -393,6 +403,7 @@ pub(crate) async fn list(Extract(state): Extract<State>, uri: Uri) -> Response {
             FsErrorKind::NotFound | FsErrorKind::NotADirectory => {
                 ApiError::legacy(StatusCode::NOT_FOUND, NOT_A_DIRECTORY).into_response()
             }
+            FsErrorKind::NameTooLong => too_long(&path),
             _ => ApiError::legacy(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 format!("{LIST_FAILED_PREFIX}{error}"),
@@ -404,14 +415,16 @@ pub(crate) async fn list(Extract(state): Extract<State>, uri: Uri) -> Response {
 
 pub(crate) async fn exists(Extract(state): Extract<State>, uri: Uri) -> Response {
     let path = legacy_path(&uri, "/exists/");
-    let Ok(rel) = state.root.relative(&path, Absolute::StripLeadingSlash) else {
-        return access_denied();
+    let rel = match state.root.relative(&path, Absolute::StripLeadingSlash) {
+        Ok(rel) => rel,
+        Err(error) => return ApiError::path(Flavor::Legacy, error, &path).into_response(),
     };
     let root = std::sync::Arc::clone(&state.root);
     match blocking(move || root.dir().metadata(rel.as_path())).await {
         Ok(_) => json(StatusCode::OK, &ExistsResponse { path, exists: true }),
         Err(error) => match classify(&error) {
             FsErrorKind::Escapes | FsErrorKind::Loop => access_denied(),
+            FsErrorKind::NameTooLong => too_long(&path),
             _ => json(
                 StatusCode::OK,
                 &ExistsResponse {

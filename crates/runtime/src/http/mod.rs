@@ -204,7 +204,7 @@ impl ApiError {
                 agent_sandbox_api::runtime::ACCESS_DENIED,
             ),
             (_, PathError::Escapes) => Self::v1(ErrorCode::PermissionDenied, message),
-            (_, PathError::Nul | PathError::Base) => {
+            (_, PathError::Nul | PathError::TooLong | PathError::Base) => {
                 Self::new(flavor, ErrorCode::InvalidArgument, message)
             }
         }
@@ -233,6 +233,10 @@ fn fs_meaning(error: &std::io::Error) -> (ErrorCode, String) {
         FsErrorKind::Loop => (
             ErrorCode::InvalidArgument,
             "has too many levels of symbolic links".to_owned(),
+        ),
+        FsErrorKind::NameTooLong => (
+            ErrorCode::InvalidArgument,
+            crate::paths::PathError::TooLong.to_string(),
         ),
         FsErrorKind::NotFound | FsErrorKind::NotADirectory => {
             (ErrorCode::NotFound, "does not exist".to_owned())

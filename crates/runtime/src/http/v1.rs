@@ -68,6 +68,9 @@ pub(crate) fn resolve_cwd(state: &State, cwd: Option<&str>, flavor: Flavor) -> R
             FsErrorKind::Escapes | FsErrorKind::Loop | FsErrorKind::PermissionDenied => {
                 ApiError::path(flavor, crate::paths::PathError::Escapes, cwd)
             }
+            FsErrorKind::NameTooLong => {
+                ApiError::path(flavor, crate::paths::PathError::TooLong, cwd)
+            }
             _ => ApiError::new(
                 flavor,
                 ErrorCode::NotFound,
