@@ -1,5 +1,7 @@
-//! Output bookkeeping, sans IO: cutting chunks at UTF-8 boundaries, and the bounded log that
-//! keeps the tail of a background process's output with absolute byte offsets.
+//! Output bookkeeping, sans IO: cutting chunks at UTF-8 boundaries, the bounded log that keeps
+//! the tail of a background process's output with absolute byte offsets, and the incremental
+//! JSON string encoding of captured output ([`JsonText`]), so that an answer is encoded in
+//! bounded pieces instead of all at once.
 
 use std::collections::VecDeque;
 
@@ -55,6 +57,123 @@ impl Utf8Carry {
     pub(crate) fn flush(&mut self) -> Vec<u8> {
         std::mem::take(&mut self.pending)
     }
+}
+
+/// Encodes bytes as the content of a JSON string, exactly as serde_json encodes
+/// `String::from_utf8_lossy(bytes)` (invalid UTF-8 becomes U+FFFD; `"`, `\\` and control
+/// characters are escaped, six bytes for most of them), a bounded piece at a time.
+#[derive(Debug)]
+pub(crate) struct JsonText {
+    bytes: Vec<u8>,
+    /// How far `bytes` has been encoded; always at a boundary where decoding can restart (a
+    /// character boundary, or just after an invalid sequence).
+    done: usize,
+}
+
+/// The replacement character's UTF-8.
+const REPLACEMENT: &[u8] = "\u{FFFD}".as_bytes();
+
+impl JsonText {
+    pub(crate) fn new(bytes: Vec<u8>) -> Self {
+        Self { bytes, done: 0 }
+    }
+
+    /// Whether everything has been encoded.
+    pub(crate) fn is_done(&self) -> bool {
+        self.done >= self.bytes.len()
+    }
+
+    /// The encoded length of everything (without encoding it).
+    pub(crate) fn encoded_len(&self) -> u64 {
+        let mut len: u64 = 0;
+        for chunk in self.bytes.utf8_chunks() {
+            len += chunk
+                .valid()
+                .bytes()
+                .map(|b| escape(b).map_or(1, |e| e.len() as u64))
+                .sum::<u64>();
+            if !chunk.invalid().is_empty() {
+                len += REPLACEMENT.len() as u64;
+            }
+        }
+        len
+    }
+
+    /// Encodes about `budget` more input bytes (at least one character, unless done) onto
+    /// `out`: at most `6 * (budget + 3)` bytes.
+    pub(crate) fn encode_some(&mut self, out: &mut Vec<u8>, budget: usize) {
+        let start = self.done;
+        let rest = &self.bytes[start..];
+        let mut used = 0;
+        for chunk in rest.utf8_chunks() {
+            let valid = chunk.valid().as_bytes();
+            let room = budget.saturating_sub(used).max(1);
+            if valid.len() > room {
+                // Cut at a character boundary (at least one character, to make progress).
+                let mut cut = room;
+                while cut > 0 && (valid[cut] & 0xC0) == 0x80 {
+                    cut -= 1;
+                }
+                if cut == 0 {
+                    cut = 1;
+                    while cut < valid.len() && (valid[cut] & 0xC0) == 0x80 {
+                        cut += 1;
+                    }
+                }
+                push_escaped(out, &valid[..cut]);
+                used += cut;
+                break;
+            }
+            push_escaped(out, valid);
+            used += valid.len();
+            if !chunk.invalid().is_empty() {
+                out.extend_from_slice(REPLACEMENT);
+                used += chunk.invalid().len();
+            }
+            if used >= budget {
+                break;
+            }
+        }
+        self.done = start + used;
+    }
+}
+
+/// serde_json's escape for one byte of UTF-8 text, if it needs one.
+fn escape(byte: u8) -> Option<&'static [u8]> {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    static CONTROL: [[u8; 6]; 32] = {
+        let mut table = [[0u8; 6]; 32];
+        let mut i = 0;
+        while i < 32 {
+            table[i] = [b'\\', b'u', b'0', b'0', HEX[i >> 4], HEX[i & 0xF]];
+            i += 1;
+        }
+        table
+    };
+    Some(match byte {
+        b'"' => b"\\\"",
+        b'\\' => b"\\\\",
+        b'\n' => b"\\n",
+        b'\r' => b"\\r",
+        b'\t' => b"\\t",
+        0x08 => b"\\b",
+        0x0C => b"\\f",
+        0..=0x1F => &CONTROL[byte as usize],
+        _ => return None,
+    })
+}
+
+/// Appends `text` (valid UTF-8) escaped: runs that need no escape are copied whole.
+fn push_escaped(out: &mut Vec<u8>, text: &[u8]) {
+    let mut plain = 0;
+    for (i, byte) in text.iter().enumerate() {
+        if let Some(escaped) = escape(*byte) {
+            out.extend_from_slice(&text[plain..i]);
+            out.extend_from_slice(escaped);
+            plain = i + 1;
+        }
+    }
+    out.extend_from_slice(&text[plain..]);
 }
 
 /// An output event for `kind` at `offset`.
@@ -232,6 +351,72 @@ mod tests {
         let read = log.read(4, 1);
         assert_eq!(read.chunks.len(), 1);
         assert_eq!(read.next, 8);
+    }
+
+    /// What serde_json makes of the lossy string, without the quotes.
+    fn serde_text(bytes: &[u8]) -> Vec<u8> {
+        let json = serde_json::to_vec(&String::from_utf8_lossy(bytes)).unwrap();
+        json[1..json.len() - 1].to_vec()
+    }
+
+    fn encoded(bytes: &[u8], budget: usize) -> Vec<u8> {
+        let mut text = JsonText::new(bytes.to_vec());
+        let mut out = Vec::new();
+        let mut steps = 0;
+        while !text.is_done() {
+            let before = out.len();
+            text.encode_some(&mut out, budget);
+            assert!(
+                out.len() - before <= 6 * (budget + 3),
+                "a piece over its bound"
+            );
+            steps += 1;
+            assert!(steps <= bytes.len() + 1, "no progress");
+        }
+        assert_eq!(
+            out.len() as u64,
+            JsonText::new(bytes.to_vec()).encoded_len()
+        );
+        out
+    }
+
+    #[test]
+    fn json_text_is_serde_jsons() {
+        for bytes in [
+            &b""[..],
+            b"plain",
+            b"\0\0\x1f\x7f\"\\\n\r\t\x08\x0c",
+            "é€😀".as_bytes(),
+            &[0xff, b'a', 0xc3, 0x28, 0xe2, 0x82, b'z', 0xf0, 0x9f, 0x98],
+        ] {
+            for budget in [1, 2, 3, 7, 1 << 16] {
+                assert_eq!(
+                    encoded(bytes, budget),
+                    serde_text(bytes),
+                    "{bytes:?} by {budget}"
+                );
+            }
+        }
+        assert_eq!(encoded(&[0; 4], 1), br"\u0000\u0000\u0000\u0000".to_vec());
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 2048, ..Default::default() })]
+
+        /// Piece by piece, any bytes encode exactly as serde_json encodes their lossy string.
+        #[test]
+        fn json_text_matches_serde_json_for_any_bytes(
+            bytes in proptest::collection::vec(
+                proptest::prop_oneof![
+                    proptest::prelude::any::<u8>(),
+                    proptest::sample::select(vec![0u8, b'"', b'\\', 0xc3, 0xa9, 0xe2, 0x82, 0xac, 0xf0, 0x9f]),
+                ],
+                0..64,
+            ),
+            budget in 1usize..20,
+        ) {
+            proptest::prop_assert_eq!(encoded(&bytes, budget), serde_text(&bytes));
+        }
     }
 
     #[test]

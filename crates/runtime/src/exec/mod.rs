@@ -111,18 +111,46 @@ pub(crate) trait Sink: Send {
     fn gone(&self) -> impl Future<Output = ()> + Send + 'static;
 }
 
-/// Keeps everything (within the driver's cap) in memory: the sync `/execute`.
-#[derive(Debug, Default)]
+/// Keeps everything (within the driver's cap) in memory: the sync `/execute`. Each buffer grows
+/// by doubling but never beyond the cap, so it holds at most `cap` bytes of capacity.
+#[derive(Debug)]
 pub(crate) struct Capture {
     pub(crate) stdout: Vec<u8>,
     pub(crate) stderr: Vec<u8>,
+    cap: usize,
+}
+
+impl Capture {
+    /// Buffers for at most `cap` bytes per stream (what [`Limits::max_output_bytes`] lets in).
+    pub(crate) fn new(cap: u64) -> Self {
+        Self {
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+            cap: usize::try_from(cap).unwrap_or(usize::MAX),
+        }
+    }
+}
+
+/// Appends `bytes`, doubling the capacity when full but never past `cap` (unless the bytes
+/// themselves need it).
+fn append_within(buffer: &mut Vec<u8>, bytes: &[u8], cap: usize) {
+    let need = buffer.len().saturating_add(bytes.len());
+    if need > buffer.capacity() {
+        let target = buffer
+            .capacity()
+            .saturating_mul(2)
+            .max(need)
+            .min(cap.max(need));
+        buffer.reserve_exact(target - buffer.len());
+    }
+    buffer.extend_from_slice(bytes);
 }
 
 impl Sink for Capture {
     async fn output(&mut self, kind: StreamKind, bytes: &[u8]) -> Result<(), Gone> {
         match kind {
-            StreamKind::Stdout => self.stdout.extend_from_slice(bytes),
-            StreamKind::Stderr => self.stderr.extend_from_slice(bytes),
+            StreamKind::Stdout => append_within(&mut self.stdout, bytes, self.cap),
+            StreamKind::Stderr => append_within(&mut self.stderr, bytes, self.cap),
         }
         Ok(())
     }
@@ -398,7 +426,7 @@ mod tests {
     async fn run(spec: CommandSpec, stdin: Option<Vec<u8>>, limits: Limits) -> (Outcome, Capture) {
         let groups = Arc::new(Groups::default());
         let spawned = spawn::spawn(&spec, &groups, None).unwrap();
-        let mut capture = Capture::default();
+        let mut capture = Capture::new(limits.max_output_bytes);
         let outcome = drive(
             spawned,
             stdin,
@@ -448,6 +476,20 @@ mod tests {
         assert!(outcome.stdout_truncated);
         assert!(!outcome.stderr_truncated);
         assert_eq!(outcome.legacy_exit_code(), 0);
+    }
+
+    #[test]
+    fn capture_buffers_grow_up_to_the_cap() {
+        let mut buffer = Vec::new();
+        for _ in 0..10 {
+            append_within(&mut buffer, &[0; 3000], 10_000);
+        }
+        assert_eq!(buffer.len(), 30_000);
+        let mut capped = Vec::new();
+        for _ in 0..3 {
+            append_within(&mut capped, &[0; 3000], 10_000);
+        }
+        assert_eq!((capped.len(), capped.capacity()), (9000, 10_000));
     }
 
     #[tokio::test]

@@ -7,6 +7,7 @@
 //! over-long path and a malformed multipart body are a 400, an upload with a directory in the
 //! way a 409 (upstream: 500, or a 404 for a long path).
 
+use std::convert::Infallible;
 use std::time::Duration;
 
 use agent_sandbox_api::runtime::v1::ErrorCode;
@@ -26,6 +27,7 @@ use super::{ApiError, Flavor, State, decode_lossy, fs_code, json, read_body, sho
 use crate::exec::spawn::{spawn, spawn_failure_code, spawn_failure_message};
 use crate::exec::{Capture, Limits, Outcome, drive};
 use crate::files::{self, WriteError, blocking};
+use crate::output::JsonText;
 use crate::paths::{Absolute, Beneath, FsErrorKind, PathError, classify};
 
 pub(crate) async fn health() -> Response {
@@ -90,6 +92,8 @@ pub(crate) async fn execute(
         Ok(request) => request,
         Err(error) => return invalid_body(&error),
     };
+    // The parsed request holds what is needed; the raw body is not kept while the command runs.
+    drop(bytes);
     if state.shutdown.is_cancelled() {
         return ApiError::shutting_down(Flavor::Legacy).into_response();
     }
@@ -158,34 +162,167 @@ pub(crate) async fn execute(
         max_output_bytes: cap,
         drain: state.config.drain_timeout,
     };
-    let mut capture = Capture::default();
+    let mut capture = Capture::new(cap);
     // Runs inside this handler: if the client disconnects, hyper drops this future and the
     // group guard inside `drive` kills the whole group.
     let cancel = state.shutdown.child_token();
     let outcome = drive(spawned, stdin, limits, &mut capture, &cancel, started).await;
     drop(permit);
-    json(StatusCode::OK, &legacy_response(&outcome, capture, timeout))
+    execute_response(&outcome, capture, timeout)
 }
 
-fn legacy_response(outcome: &Outcome, capture: Capture, timeout: Duration) -> ExecuteResponse {
-    let mut stderr = String::from_utf8_lossy(&capture.stderr).into_owned();
+/// The `/execute` answer: upstream's JSON, encoded from the captured bytes in pieces of
+/// bounded size ([`ExecuteBody`]) instead of as one string, so that the memory a call takes is
+/// its captured output plus a bounded amount, even where JSON takes six bytes per output byte.
+fn execute_response(outcome: &Outcome, capture: Capture, timeout: Duration) -> Response {
+    let Capture {
+        stdout, mut stderr, ..
+    } = capture;
     if outcome.timed_out {
-        if !stderr.is_empty() && !stderr.ends_with('\n') {
-            stderr.push('\n');
+        if stderr.last().is_some_and(|b| *b != b'\n') {
+            stderr.push(b'\n');
         }
-        stderr.push_str(&format!(
-            "{EXECUTE_FAILED_PREFIX}Command timed out after {} seconds",
-            timeout.as_secs_f64()
-        ));
+        stderr.extend_from_slice(
+            format!(
+                "{EXECUTE_FAILED_PREFIX}Command timed out after {} seconds",
+                timeout.as_secs_f64()
+            )
+            .as_bytes(),
+        );
     }
-    ExecuteResponse {
-        stdout: String::from_utf8_lossy(&capture.stdout).into_owned(),
-        stderr,
+    let fields = ExecuteResponse {
+        stdout: String::new(),
+        stderr: String::new(),
         exit_code: outcome.legacy_exit_code(),
         timed_out: Some(outcome.timed_out),
         stdout_truncated: Some(outcome.stdout_truncated),
         stderr_truncated: Some(outcome.stderr_truncated),
         duration_ms: Some(u64::try_from(outcome.duration.as_millis()).unwrap_or(u64::MAX)),
+    };
+    let Some(body) = ExecuteBody::new(stdout, stderr, &fields) else {
+        tracing::error!("the /execute answer does not start with stdout and stderr");
+        return ApiError::legacy(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("{EXECUTE_FAILED_PREFIX}the answer could not be encoded"),
+        )
+        .into_response();
+    };
+    body.into_response()
+}
+
+/// `{"stdout":"` and `","stderr":"`: what comes before each output string, in upstream's field
+/// order (pinned by `crates/api`'s tests and by [`tests::execute_body_is_serde_jsons`]).
+const BEFORE_STDOUT: &[u8] = br#"{"stdout":""#;
+const BEFORE_STDERR: &[u8] = br#"","stderr":""#;
+/// How an answer with empty output starts.
+const EMPTY_OUTPUT: &[u8] = b"{\"stdout\":\"\",\"stderr\":\"\"";
+/// Output bytes encoded per piece of a streamed answer: a piece is at most 6 times this.
+const PIECE_INPUT: usize = 16 << 10;
+/// Answers up to this size are sent in one piece, with no stream.
+const ONE_PIECE: u64 = 64 << 10;
+
+/// The JSON of an `/execute` answer as a sequence of pieces: the two output strings are
+/// escaped incrementally ([`JsonText`]), the other fields are serde_json's.
+struct ExecuteBody {
+    stdout: JsonText,
+    stderr: JsonText,
+    /// What follows the stderr string: `"` and the rest of the fields.
+    rest: Vec<u8>,
+    stage: Stage,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    Open,
+    Stdout,
+    Between,
+    Stderr,
+    Rest,
+    Done,
+}
+
+impl ExecuteBody {
+    /// `None` if `fields` (with empty output) does not serialise with stdout and stderr first.
+    fn new(stdout: Vec<u8>, stderr: Vec<u8>, fields: &ExecuteResponse) -> Option<Self> {
+        let json = serde_json::to_vec(fields).ok()?;
+        let after = json.strip_prefix(EMPTY_OUTPUT)?;
+        let mut rest = Vec::with_capacity(after.len() + 1);
+        rest.push(b'"');
+        rest.extend_from_slice(after);
+        Some(Self {
+            stdout: JsonText::new(stdout),
+            stderr: JsonText::new(stderr),
+            rest,
+            stage: Stage::Open,
+        })
+    }
+
+    /// The size of the whole answer.
+    fn len(&self) -> u64 {
+        (BEFORE_STDOUT.len() + BEFORE_STDERR.len() + self.rest.len()) as u64
+            + self.stdout.encoded_len()
+            + self.stderr.encoded_len()
+    }
+
+    /// Appends the next part, encoding at most `budget` output bytes.
+    fn next_into(&mut self, out: &mut Vec<u8>, budget: usize) {
+        match self.stage {
+            Stage::Open => {
+                out.extend_from_slice(BEFORE_STDOUT);
+                self.stage = Stage::Stdout;
+            }
+            Stage::Stdout if self.stdout.is_done() => self.stage = Stage::Between,
+            Stage::Stdout => self.stdout.encode_some(out, budget),
+            Stage::Between => {
+                out.extend_from_slice(BEFORE_STDERR);
+                self.stage = Stage::Stderr;
+            }
+            Stage::Stderr if self.stderr.is_done() => self.stage = Stage::Rest,
+            Stage::Stderr => self.stderr.encode_some(out, budget),
+            Stage::Rest => {
+                out.extend_from_slice(&self.rest);
+                self.stage = Stage::Done;
+            }
+            Stage::Done => {}
+        }
+    }
+
+    /// A JSON response: one piece when small, else a stream of pieces; `Content-Length` set.
+    fn into_response(mut self) -> Response {
+        let len = self.len();
+        let body = if len <= ONE_PIECE {
+            let mut out = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
+            while self.stage != Stage::Done {
+                self.next_into(&mut out, usize::MAX);
+            }
+            Body::from(out)
+        } else {
+            Body::from_stream(futures_util::stream::iter(self.map(Ok::<_, Infallible>)))
+        };
+        let mut response = Response::new(body);
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+        response
+    }
+}
+
+impl Iterator for ExecuteBody {
+    type Item = bytes::Bytes;
+
+    fn next(&mut self) -> Option<bytes::Bytes> {
+        if self.stage == Stage::Done {
+            return None;
+        }
+        let mut out = Vec::with_capacity(6 * (PIECE_INPUT + 3) + self.rest.len() + 32);
+        while self.stage != Stage::Done && out.len() < PIECE_INPUT {
+            let room = PIECE_INPUT - out.len().min(PIECE_INPUT);
+            self.next_into(&mut out, room.max(1));
+        }
+        Some(bytes::Bytes::from(out))
     }
 }
 
@@ -439,6 +576,79 @@ pub(crate) async fn exists(Extract(state): Extract<State>, uri: Uri) -> Response
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// The answer `ExecuteBody` streams, as one buffer.
+    fn streamed(stdout: &[u8], stderr: &[u8], fields: &ExecuteResponse) -> Vec<u8> {
+        let body = ExecuteBody::new(stdout.to_vec(), stderr.to_vec(), fields).unwrap();
+        let len = body.len();
+        let mut out = Vec::new();
+        for piece in body {
+            assert!(piece.len() <= 6 * (PIECE_INPUT + 3) + 256);
+            out.extend_from_slice(&piece);
+        }
+        assert_eq!(out.len() as u64, len);
+        out
+    }
+
+    fn serde(stdout: &[u8], stderr: &[u8], fields: &ExecuteResponse) -> Vec<u8> {
+        serde_json::to_vec(&ExecuteResponse {
+            stdout: String::from_utf8_lossy(stdout).into_owned(),
+            stderr: String::from_utf8_lossy(stderr).into_owned(),
+            ..fields.clone()
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn execute_body_is_serde_jsons() {
+        assert_eq!(EMPTY_OUTPUT, [BEFORE_STDOUT, BEFORE_STDERR, b"\""].concat());
+        let fields = ExecuteResponse {
+            exit_code: -9,
+            timed_out: Some(true),
+            stdout_truncated: Some(true),
+            stderr_truncated: Some(false),
+            duration_ms: Some(12),
+            ..ExecuteResponse::default()
+        };
+        for (stdout, stderr) in [
+            (&b""[..], &b""[..]),
+            (b"hi\n", b""),
+            (&[0u8; 100_000][..], b"\xff\"quoted\"\\"),
+        ] {
+            assert_eq!(
+                streamed(stdout, stderr, &fields),
+                serde(stdout, stderr, &fields)
+            );
+            assert_eq!(
+                streamed(stdout, stderr, &ExecuteResponse::default()),
+                serde(stdout, stderr, &ExecuteResponse::default())
+            );
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        #[test]
+        fn execute_body_matches_serde_json(
+            stdout in prop::collection::vec(any::<u8>(), 0..40_000),
+            stderr in prop::collection::vec(prop::sample::select(vec![0u8, b'a', 0xc3, 0xa9, 0xff, b'"']), 0..300),
+            exit_code in any::<i32>(),
+            flags in any::<(bool, bool, bool)>(),
+        ) {
+            let fields = ExecuteResponse {
+                exit_code,
+                timed_out: Some(flags.0),
+                stdout_truncated: Some(flags.1),
+                stderr_truncated: Some(flags.2),
+                duration_ms: Some(7),
+                ..ExecuteResponse::default()
+            };
+            let (got, want) = (streamed(&stdout, &stderr, &fields), serde(&stdout, &stderr, &fields));
+            prop_assert!(got == want, "{} != {}", String::from_utf8_lossy(&got), String::from_utf8_lossy(&want));
+        }
+    }
 
     #[test]
     fn content_disposition_like_starlette() {

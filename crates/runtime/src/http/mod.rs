@@ -323,29 +323,48 @@ pub(crate) fn content_length(headers: &HeaderMap) -> Option<u64> {
         .and_then(|v| v.parse().ok())
 }
 
-/// Reads a whole body of at most `limit` bytes.
+/// Reads a whole body of at most `limit` bytes. A body that arrives in one frame is returned
+/// as it is; a longer one is gathered into one buffer sized from `Content-Length`, so that the
+/// body takes its size in memory once (not once per frame and once more joined).
 pub(crate) async fn read_body(
     headers: &HeaderMap,
     body: Body,
     limit: u64,
 ) -> Result<Bytes, BodyError> {
-    if content_length(headers).is_some_and(|len| len > limit) {
+    let declared = content_length(headers);
+    if declared.is_some_and(|len| len > limit) {
         return Err(BodyError::TooLarge(limit));
     }
-    let limited = http_body_util::Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX));
-    match limited.collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(error) => {
-            if error
-                .downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some()
-            {
-                Err(BodyError::TooLarge(limit))
-            } else {
-                Err(BodyError::Read(error.to_string()))
+    let mut body = body;
+    let mut first: Option<Bytes> = None;
+    let mut joined: Option<bytes::BytesMut> = None;
+    let mut total: u64 = 0;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| BodyError::Read(e.to_string()))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        total += data.len() as u64;
+        if total > limit {
+            return Err(BodyError::TooLarge(limit));
+        }
+        match (&mut joined, first.take()) {
+            (Some(buffer), _) => buffer.extend_from_slice(&data),
+            (None, None) => first = Some(data),
+            (None, Some(head)) => {
+                let expected = declared.unwrap_or(total).clamp(total, limit);
+                let mut buffer =
+                    bytes::BytesMut::with_capacity(usize::try_from(expected).unwrap_or(0));
+                buffer.extend_from_slice(&head);
+                buffer.extend_from_slice(&data);
+                joined = Some(buffer);
             }
         }
     }
+    Ok(joined
+        .map(bytes::BytesMut::freeze)
+        .or(first)
+        .unwrap_or_default())
 }
 
 /// A JSON response.
