@@ -244,11 +244,12 @@ enum Stage {
 impl ExecuteBody {
     /// `None` if `fields` (with empty output) does not serialise with stdout and stderr first.
     fn new(stdout: Vec<u8>, stderr: Vec<u8>, fields: &ExecuteResponse) -> Option<Self> {
-        let json = serde_json::to_vec(fields).ok()?;
-        let after = json.strip_prefix(EMPTY_OUTPUT)?;
-        let mut rest = Vec::with_capacity(after.len() + 1);
-        rest.push(b'"');
-        rest.extend_from_slice(after);
+        let mut rest = serde_json::to_vec(fields).ok()?;
+        if !rest.starts_with(EMPTY_OUTPUT) {
+            return None;
+        }
+        // Keep the quote that closes stderr's string.
+        rest.drain(..EMPTY_OUTPUT.len() - 1);
         Some(Self {
             stdout: JsonText::new(stdout),
             stderr: JsonText::new(stderr),
