@@ -38,6 +38,19 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// Tokio worker threads for [`crate::run`]; 0 means one per CPU, at most 4.
     pub worker_threads: usize,
+    /// How long a client has to send a request's head: from accepting the connection, or from
+    /// the first byte of a later request on it, to the end of the headers. Beyond it the
+    /// connection is closed.
+    pub header_read_timeout: Duration,
+    /// How long a request body may send nothing while a handler waits for it; beyond it the
+    /// request fails with 400 and the connection is closed. A body that keeps sending, however
+    /// slowly, is never cut.
+    pub body_idle_timeout: Duration,
+    /// How long a keep-alive connection may sit idle between a response and the next request.
+    pub keepalive_idle_timeout: Duration,
+    /// Connections served at once; beyond it new connections wait in the listen backlog until
+    /// one closes.
+    pub max_connections: usize,
     /// Apply `no_new_privs` and Landlock (writes only beneath the base directory and `/tmp`) to
     /// every command.
     pub harden: bool,
@@ -67,6 +80,16 @@ pub mod defaults {
     pub const SHUTDOWN_GRACE_SECONDS: &str = "5";
     /// `--base-dir`, upstream's.
     pub const BASE_DIR: &str = "/app";
+    /// `--header-read-timeout-seconds`: a request head arrives in milliseconds.
+    pub const HEADER_READ_TIMEOUT_SECONDS: &str = "30";
+    /// `--body-idle-timeout-seconds`: a body that sends nothing for two minutes has stopped.
+    pub const BODY_IDLE_TIMEOUT_SECONDS: &str = "120";
+    /// `--keepalive-idle-timeout-seconds`: above the idle timeouts of the router's pool (60 s)
+    /// and of common client pools (reqwest 90 s), so that the client closes first.
+    pub const KEEPALIVE_IDLE_TIMEOUT_SECONDS: &str = "120";
+    /// `--max-connections`: far above what the router and SDKs open, and with
+    /// `--max-processes`' pipes still within a 1024 file-descriptor limit.
+    pub const MAX_CONNECTIONS: usize = 512;
 }
 
 impl Config {
@@ -88,6 +111,10 @@ impl Config {
             drain_timeout: secs(defaults::DRAIN_TIMEOUT_SECONDS),
             shutdown_grace: secs(defaults::SHUTDOWN_GRACE_SECONDS),
             worker_threads: 0,
+            header_read_timeout: secs(defaults::HEADER_READ_TIMEOUT_SECONDS),
+            body_idle_timeout: secs(defaults::BODY_IDLE_TIMEOUT_SECONDS),
+            keepalive_idle_timeout: secs(defaults::KEEPALIVE_IDLE_TIMEOUT_SECONDS),
+            max_connections: defaults::MAX_CONNECTIONS,
             harden: false,
         }
     }
@@ -159,6 +186,24 @@ pub struct Args {
     /// Tokio worker threads (0: one per CPU, at most 4).
     #[arg(long, env = "SANDBOX_WORKER_THREADS", default_value_t = 0)]
     pub worker_threads: usize,
+    /// Seconds a client has to send a request's headers (from connecting, or from the first
+    /// byte of a later request).
+    #[arg(long = "header-read-timeout-seconds", env = "SANDBOX_HEADER_READ_TIMEOUT_SECONDS",
+          default_value = defaults::HEADER_READ_TIMEOUT_SECONDS, value_parser = parse_seconds)]
+    pub header_read_timeout: Duration,
+    /// Seconds a request body may send nothing while it is read; then 400 and the connection
+    /// is closed.
+    #[arg(long = "body-idle-timeout-seconds", env = "SANDBOX_BODY_IDLE_TIMEOUT_SECONDS",
+          default_value = defaults::BODY_IDLE_TIMEOUT_SECONDS, value_parser = parse_seconds)]
+    pub body_idle_timeout: Duration,
+    /// Seconds a keep-alive connection may be idle between requests.
+    #[arg(long = "keepalive-idle-timeout-seconds", env = "SANDBOX_KEEPALIVE_IDLE_TIMEOUT_SECONDS",
+          default_value = defaults::KEEPALIVE_IDLE_TIMEOUT_SECONDS, value_parser = parse_seconds)]
+    pub keepalive_idle_timeout: Duration,
+    /// Connections served at once; more wait until one closes.
+    #[arg(long, env = "SANDBOX_MAX_CONNECTIONS", default_value_t = defaults::MAX_CONNECTIONS,
+          value_parser = parse_positive)]
+    pub max_connections: usize,
     /// Apply no_new_privs and Landlock (writes only beneath the base dir and /tmp) to commands.
     #[arg(long, env = "SANDBOX_HARDEN")]
     pub harden: bool,
@@ -192,6 +237,10 @@ impl Args {
             drain_timeout: self.drain_timeout,
             shutdown_grace: self.shutdown_grace,
             worker_threads: self.worker_threads,
+            header_read_timeout: self.header_read_timeout,
+            body_idle_timeout: self.body_idle_timeout,
+            keepalive_idle_timeout: self.keepalive_idle_timeout,
+            max_connections: self.max_connections,
             harden: self.harden,
         }
     }
@@ -300,6 +349,11 @@ mod tests {
         assert_eq!(parsed.max_upload_bytes, built.max_upload_bytes);
         assert_eq!(parsed.process_buffer_bytes, built.process_buffer_bytes);
         assert_eq!(parsed.drain_timeout, built.drain_timeout);
+        assert_eq!(parsed.header_read_timeout, Duration::from_secs(30));
+        assert_eq!(parsed.header_read_timeout, built.header_read_timeout);
+        assert_eq!(parsed.body_idle_timeout, built.body_idle_timeout);
+        assert_eq!(parsed.keepalive_idle_timeout, built.keepalive_idle_timeout);
+        assert_eq!(parsed.max_connections, built.max_connections);
         assert!(!parsed.harden);
     }
 
@@ -310,6 +364,10 @@ mod tests {
             ("--exec-timeout-seconds", "0"),
             ("--max-output-bytes", "lots"),
             ("--max-processes", "0"),
+            ("--header-read-timeout-seconds", "0"),
+            ("--body-idle-timeout-seconds", "never"),
+            ("--keepalive-idle-timeout-seconds", "0.0"),
+            ("--max-connections", "0"),
             ("--listen", "nowhere"),
         ] {
             let error = Cli::try_parse_from(["sandbox-runtime", flag, value]).unwrap_err();

@@ -20,13 +20,6 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    /// Serving HTTP failed.
-    #[error("failed to serve HTTP on {addr}")]
-    Serve {
-        addr: SocketAddr,
-        #[source]
-        source: std::io::Error,
-    },
     /// The Landlock ruleset could not be built.
     #[error("failed to prepare the Landlock ruleset for {path} (--harden)")]
     Harden {
@@ -49,7 +42,7 @@ impl Error {
     pub fn is_configuration(&self) -> bool {
         match self {
             Self::BaseDir { .. } | Self::Bind { .. } | Self::Harden { .. } => true,
-            Self::Serve { .. } | Self::Runtime { .. } => false,
+            Self::Runtime { .. } => false,
         }
     }
 }

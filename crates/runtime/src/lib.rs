@@ -30,6 +30,7 @@ mod http;
 mod output;
 mod paths;
 mod processes;
+mod serve;
 mod split;
 
 use std::future::Future;
@@ -130,7 +131,6 @@ impl Server {
     /// Serves until `shutdown` resolves, then stops accepting, kills every command's process
     /// group, gives in-flight requests the configured grace, and returns.
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<()> {
-        use axum::serve::ListenerExt as _;
         let Self {
             listener,
             local_addr,
@@ -141,28 +141,27 @@ impl Server {
             base_dir = %state.root.canonical().display(),
             "sandbox runtime listening on {local_addr}"
         );
-        let listener = listener.tap_io(|tcp| {
-            // Small request/response pairs: do not wait to coalesce.
-            let _ = tcp.set_nodelay(true);
-        });
-        let token = state.shutdown.clone();
         let app = http::router(Arc::clone(&state));
-        let server = axum::serve(listener, app)
-            .with_graceful_shutdown(async move { token.cancelled_owned().await })
-            .into_future();
+        let limits = serve::Limits {
+            header_read: state.config.header_read_timeout,
+            body_idle: state.config.body_idle_timeout,
+            keepalive_idle: state.config.keepalive_idle_timeout,
+            max_connections: state.config.max_connections,
+        };
+        let abort = CancellationToken::new();
+        let server = serve::serve(listener, app, limits, state.shutdown.clone(), abort.clone());
         tokio::pin!(server);
         let grace = state.config.shutdown_grace;
         tokio::select! {
-            result = &mut server => {
-                result.map_err(|source| Error::Serve { addr: local_addr, source })?;
-            }
+            () = &mut server => {}
             () = shutdown => {
                 tracing::info!("shutting down: no new connections, killing every command");
                 state.shutdown.cancel();
                 state.groups.kill_all();
-                match tokio::time::timeout(grace, &mut server).await {
-                    Ok(result) => result.map_err(|source| Error::Serve { addr: local_addr, source })?,
-                    Err(_) => tracing::warn!(?grace, "in-flight requests did not finish in time; closing them"),
+                if tokio::time::timeout(grace, &mut server).await.is_err() {
+                    tracing::warn!(?grace, "in-flight requests did not finish in time; closing them");
+                    abort.cancel();
+                    server.await;
                 }
             }
         }
