@@ -6,23 +6,29 @@
 //! - **keep-alive idle**: from the end of a response to the first byte of the next request;
 //! - **body idle**: while a handler waits for request body bytes that do not come.
 //!
-//! The first two are enforced on the socket ([`Watched`]): while a request is in flight (from
-//! its head until its response body is done) the socket is not timed, so a long command or a
-//! slow download is never cut. The body limit wraps each request body ([`IdleBody`]) and only
-//! runs while the body is polled and has nothing, so a slow upload that keeps sending is fine.
-//! hyper's own header timer is left off: it would also run between requests.
+//! While a request is in flight (from its head until its response body is done) the
+//! connection is not timed, so a long command or a slow download is never cut. The header
+//! limit is enforced on the socket's reads ([`Watched`]), the keep-alive limit by a watchdog
+//! beside the connection ([`idle_watchdog`]), the body limit on each request body
+//! ([`IdleBody`]), which only runs while the body is read and has nothing, so a slow upload that
+//! keeps sending is fine. hyper's own header timer is left off: it would also run between
+//! requests.
+//!
+//! Cost on the hot path: none of these touches the timer for a request whose head and body
+//! arrive with their first read; the end of a request is one clock read and two atomic stores,
+//! and nothing is woken for it (the watchdog looks at the connection once per keep-alive
+//! period and works out the deadline from when it went idle).
 
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use axum::Router;
 use bytes::Bytes;
-use futures_util::task::AtomicWaker;
 use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -117,8 +123,9 @@ async fn connection(
     abort: CancellationToken,
     slot: tokio::sync::OwnedSemaphorePermit,
 ) {
-    let requests = Arc::new(InFlight::default());
+    let requests = Arc::new(InFlight::new());
     let io = hyper_util::rt::TokioIo::new(Watched::new(tcp, Arc::clone(&requests), limits));
+    let watchdog = idle_watchdog(Arc::clone(&requests), limits.keepalive_idle);
     let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
         let started = Started::new(Arc::clone(&requests));
         let request = request.map(|body| IdleBody::new(body, limits.body_idle));
@@ -140,6 +147,7 @@ async fn connection(
                 .keep_alive(true)
                 .serve_connection(io, service)
         );
+        let mut watchdog = std::pin::pin!(watchdog);
         let mut stopping = false;
         loop {
             tokio::select! {
@@ -153,6 +161,13 @@ async fn connection(
                     stopping = true;
                     conn.as_mut().graceful_shutdown();
                 }
+                () = &mut watchdog => {
+                    tracing::debug!(
+                        limit = ?limits.keepalive_idle,
+                        "closing an idle keep-alive connection (--keepalive-idle-timeout-seconds)"
+                    );
+                    break;
+                }
                 () = abort.cancelled() => break,
             }
         }
@@ -161,19 +176,41 @@ async fn connection(
     drop(slot);
 }
 
-/// Requests in flight on one connection: from the call of the service to the end of the
-/// response body. The last one to end wakes a read that waited while the connection was busy,
-/// so that the socket's idle timer starts (nothing else would poll it again until the client
-/// sends).
-#[derive(Debug, Default)]
+/// What the timers of one connection need to know about it: requests in flight (from the call
+/// of the service to the end of the response body) and since when it has been idle.
+#[derive(Debug)]
 struct InFlight {
     count: AtomicUsize,
-    reader: AtomicWaker,
+    /// Milliseconds from `base` to the end of the last request, while the connection is idle;
+    /// [`NOT_IDLE`] before the first request ends and once a later one has begun.
+    idle_since: AtomicU64,
+    base: Instant,
 }
 
+const NOT_IDLE: u64 = u64::MAX;
+
 impl InFlight {
+    fn new() -> Self {
+        Self {
+            count: AtomicUsize::new(0),
+            idle_since: AtomicU64::new(NOT_IDLE),
+            base: Instant::now(),
+        }
+    }
+
     fn busy(&self) -> bool {
         self.count.load(Ordering::Acquire) > 0
+    }
+
+    /// When the connection went idle, if it is idle.
+    fn idle_since(&self) -> Option<Instant> {
+        if self.busy() {
+            return None;
+        }
+        match self.idle_since.load(Ordering::Acquire) {
+            NOT_IDLE => None,
+            millis => Some(self.base + Duration::from_millis(millis)),
+        }
     }
 }
 
@@ -191,8 +228,26 @@ impl Started {
 
 impl Drop for Started {
     fn drop(&mut self) {
-        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.0.reader.wake();
+        let requests = &self.0;
+        let millis = u64::try_from(requests.base.elapsed().as_millis()).unwrap_or(NOT_IDLE - 1);
+        requests.idle_since.store(millis, Ordering::Release);
+        requests.count.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Resolves once the connection has been idle (no request in flight, no byte of a new one) for
+/// `limit`. It wakes once per `limit` at most and works out the deadline from when the
+/// connection went idle, so a request costs it nothing.
+async fn idle_watchdog(requests: Arc<InFlight>, limit: Duration) {
+    let mut check = Instant::now() + limit;
+    loop {
+        tokio::time::sleep_until(check).await;
+        let now = Instant::now();
+        match requests.idle_since() {
+            Some(since) if since + limit <= now => return,
+            Some(since) => check = since + limit,
+            // Busy, or reading a head (which the header limit bounds): look again later.
+            None => check = now + limit,
         }
     }
 }
@@ -223,24 +278,28 @@ impl HttpBody for Tracked {
     }
 }
 
-/// Where a connection is between requests, for the socket's timer.
+/// Where a connection is, for the socket's timer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
-    /// Waiting for the first byte of a request after a response (keep-alive idle).
+    /// Waiting for the first byte of a request after a response (the watchdog's business).
     Idle,
-    /// Reading a request head (header read).
+    /// Reading a request head: the header limit.
     Head,
-    /// A request is in flight: not timed here.
+    /// A request is in flight: not timed.
     Busy,
 }
 
-/// The socket of one connection, with the header-read and keep-alive-idle limits: a read that
-/// waits past the current deadline fails with `TimedOut`, which ends the connection.
+/// The socket of one connection, with the header-read limit: a read of a request head that
+/// waits past its deadline fails with `TimedOut`, which ends the connection. The deadline is
+/// armed at the first read of a head that has to wait, so a head that arrives in one piece
+/// never touches the timer.
 struct Watched {
     tcp: TcpStream,
     requests: Arc<InFlight>,
     limits: Limits,
     phase: Phase,
+    /// Whether `deadline` is set for the current head.
+    armed: bool,
     deadline: Pin<Box<Sleep>>,
 }
 
@@ -252,13 +311,9 @@ impl Watched {
             limits,
             // The first request's head is due within the header limit of accepting.
             phase: Phase::Head,
+            armed: true,
             deadline: Box::pin(tokio::time::sleep(limits.header_read)),
         }
-    }
-
-    fn enter(&mut self, phase: Phase, limit: Duration) {
-        self.phase = phase;
-        self.deadline.as_mut().reset(Instant::now() + limit);
     }
 }
 
@@ -271,40 +326,39 @@ impl AsyncRead for Watched {
         let this = self.get_mut();
         if this.requests.busy() {
             this.phase = Phase::Busy;
-            this.requests.reader.register(cx.waker());
-            // Registered before checking again: a request that ended meanwhile is seen.
-            if this.requests.busy() {
-                return Pin::new(&mut this.tcp).poll_read(cx, buf);
-            }
+            return Pin::new(&mut this.tcp).poll_read(cx, buf);
         }
         if this.phase == Phase::Busy {
-            // The last response is done: the connection is idle until the next request.
-            this.enter(Phase::Idle, this.limits.keepalive_idle);
+            // The last response is done: idle (the watchdog's business) until the next byte.
+            this.phase = Phase::Idle;
         }
         let before = buf.filled().len();
         match Pin::new(&mut this.tcp).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
                 if this.phase == Phase::Idle && buf.filled().len() > before {
-                    this.enter(Phase::Head, this.limits.header_read);
+                    // The next request has begun: no longer idle, its head is due.
+                    this.phase = Phase::Head;
+                    this.armed = false;
+                    this.requests.idle_since.store(NOT_IDLE, Ordering::Release);
                 }
                 Poll::Ready(Ok(()))
             }
             Poll::Ready(Err(error)) => Poll::Ready(Err(error)),
+            Poll::Pending if this.phase != Phase::Head => Poll::Pending,
             Poll::Pending => {
+                if !this.armed {
+                    this.deadline
+                        .as_mut()
+                        .reset(Instant::now() + this.limits.header_read);
+                    this.armed = true;
+                }
                 ready!(this.deadline.as_mut().poll(cx));
-                let (what, limit) = match this.phase {
-                    Phase::Idle => (
-                        "idle keep-alive connection (--keepalive-idle-timeout-seconds)",
-                        this.limits.keepalive_idle,
-                    ),
-                    _ => (
-                        "request head not received (--header-read-timeout-seconds)",
-                        this.limits.header_read,
-                    ),
-                };
                 Poll::Ready(Err(io::Error::new(
                     io::ErrorKind::TimedOut,
-                    format!("{what} within {limit:?}"),
+                    format!(
+                        "request head not received within {:?} (--header-read-timeout-seconds)",
+                        this.limits.header_read
+                    ),
                 )))
             }
         }
