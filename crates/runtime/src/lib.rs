@@ -6,16 +6,17 @@
 //! streamed execution, background processes and files (`docs/runtime-api.md`). Every path is
 //! confined beneath the base directory by construction ([`paths`]), every command runs in its
 //! own process group that is killed as a whole on timeout, cancel, client disconnect and
-//! shutdown ([`exec`]), output is capped and truncation reported, and concurrency and request
-//! bodies are bounded.
+//! shutdown ([`exec`]), output is capped and truncation reported, and concurrency, request
+//! bodies, connections and silent peers are bounded.
 //!
 //! Embedding: build a [`Config`] (or parse [`Args`]), then [`Server::bind`] and
 //! [`Server::serve`] with a shutdown future, or [`serve`] in one call, or [`run`] to also
 //! build the tokio runtime and wait for SIGTERM/SIGINT.
 //!
-//! Module map: [`config`] (flags and defaults), `http` (router and handlers), `exec` (spawn,
+//! Module map: [`config`] (flags and defaults), `serve` (accept loop, connection cap, header,
+//! body and keep-alive limits), `http` (router and handlers), `exec` (spawn,
 //! process groups, the output driver), `processes` (background process table), `files`
-//! (confined file operations), `output` (bounded output log), `split` (upstream's shlex
+//! (confined file operations), `output` (bounded output log, incremental JSON encoding), `split` (upstream's shlex
 //! splitting), [`harden`] (optional Landlock / `no_new_privs`).
 
 // The module map above links the private modules, for readers of the source.

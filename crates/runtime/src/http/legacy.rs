@@ -211,7 +211,7 @@ fn execute_response(outcome: &Outcome, capture: Capture, timeout: Duration) -> R
 }
 
 /// `{"stdout":"` and `","stderr":"`: what comes before each output string, in upstream's field
-/// order (pinned by `crates/api`'s tests and by [`tests::execute_body_is_serde_jsons`]).
+/// order (pinned by `crates/api`'s tests and by `tests::execute_body_is_serde_jsons`).
 const BEFORE_STDOUT: &[u8] = br#"{"stdout":""#;
 const BEFORE_STDERR: &[u8] = br#"","stderr":""#;
 /// How an answer with empty output starts.
