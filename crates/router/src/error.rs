@@ -67,3 +67,20 @@ pub enum Error {
         namespace: String,
     },
 }
+
+impl Error {
+    /// Whether the configuration the router was given cannot be used (the listen address, a
+    /// token or key file, the namespace), rather than something failing while it runs:
+    /// `sandbox-router` exits with code 2 for these, as for a bad command line.
+    pub fn is_configuration(&self) -> bool {
+        match self {
+            Self::Bind { .. }
+            | Self::ReadSecret { .. }
+            | Self::TokenTooShort { .. }
+            | Self::SigningKey { .. }
+            | Self::MissingSecret { .. }
+            | Self::InvalidNamespace { .. } => true,
+            Self::LocalAddr { .. } => false,
+        }
+    }
+}

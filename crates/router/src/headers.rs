@@ -94,8 +94,13 @@ pub(crate) fn parse_routing(headers: &HeaderMap) -> Result<Routing, Rejection> {
     let sandbox = format!("{namespace}/{id}");
     let port = match single(headers, wire::SANDBOX_PORT)? {
         None | Some("") => RUNTIME_PORT,
-        Some(raw) => match raw.parse::<u16>() {
-            Ok(port) if port > 0 => port,
+        // Digits only: `str::parse` would also take a sign.
+        Some(raw) => match raw
+            .bytes()
+            .all(|b| b.is_ascii_digit())
+            .then(|| raw.parse::<u16>())
+        {
+            Some(Ok(port)) if port > 0 => port,
             _ => {
                 return Err(Rejection::bad_request(format!(
                     "Invalid port format: {:?} for sandbox {sandbox} (an integer from 1 to 65535).",
@@ -127,7 +132,8 @@ pub(crate) fn parse_routing(headers: &HeaderMap) -> Result<Routing, Rejection> {
         None | Some("") => None,
         Some(raw) => Some(parse_timeout(raw).ok_or_else(|| {
             Rejection::bad_request(format!(
-                "Invalid timeout: {:?} for sandbox {sandbox} (a number of seconds above 0).",
+                "Invalid timeout: {:?} for sandbox {sandbox} (a decimal number of seconds above \
+                 0, such as 30 or 2.5).",
                 shown(raw)
             ))
         })?),
@@ -142,13 +148,26 @@ pub(crate) fn parse_routing(headers: &HeaderMap) -> Result<Routing, Rejection> {
     })
 }
 
+/// Seconds as a decimal number (`30`, `2.5`, `.5`, `5.`): digits with at most one `.`, above 0.
+/// Read exactly rather than through `f64` (which also takes signs, exponents and `inf`, and
+/// rounds `8388608.13` to `8388608.130000001`): digits beyond nanoseconds are dropped, and
+/// anything beyond what a `Duration` holds is `Duration::MAX` (the router's cap applies anyway).
 fn parse_timeout(raw: &str) -> Option<Duration> {
-    let seconds: f64 = raw.parse().ok()?;
-    if !seconds.is_finite() || seconds <= 0.0 {
+    let (whole, fraction) = raw.split_once('.').unwrap_or((raw, ""));
+    let digits = |text: &str| text.bytes().all(|b| b.is_ascii_digit());
+    if (whole.is_empty() && fraction.is_empty()) || !digits(whole) || !digits(fraction) {
         return None;
     }
-    // Anything beyond what a Duration holds is "very long"; the router's cap applies anyway.
-    Some(Duration::try_from_secs_f64(seconds).unwrap_or(Duration::MAX))
+    let nanos = fraction
+        .bytes()
+        .chain(std::iter::repeat(b'0'))
+        .take(9)
+        .fold(0u32, |n, b| n * 10 + u32::from(b - b'0'));
+    let seconds = whole.bytes().try_fold(0u64, |n, b| {
+        n.checked_mul(10)?.checked_add(u64::from(b - b'0'))
+    });
+    let duration = seconds.map_or(Duration::MAX, |seconds| Duration::new(seconds, nanos));
+    (!duration.is_zero()).then_some(duration)
 }
 
 /// The deadline of a request: the client's timeout, capped by the router's maximum (which is
@@ -383,7 +402,7 @@ mod tests {
             rejected(&[("x-sandbox-id", "a"), ("x-sandbox-namespace", "x.y")])
                 .starts_with("Invalid namespace format")
         );
-        for port in ["0", "65536", "http", "-1", "80.5"] {
+        for port in ["0", "65536", "http", "-1", "+80", "80.5", "8 0"] {
             let detail = rejected(&[("x-sandbox-id", "a"), ("x-sandbox-port", port)]);
             assert!(detail.starts_with("Invalid port format"), "{detail}");
             assert!(detail.contains("default/a"), "{detail}");
@@ -392,7 +411,9 @@ mod tests {
             let detail = rejected(&[("x-sandbox-id", "a"), ("x-sandbox-pod-ip", ip)]);
             assert!(detail.starts_with("Invalid target IP address"), "{detail}");
         }
-        for timeout in ["0", "-3", "soon", "NaN", "inf"] {
+        for timeout in [
+            "0", "0.0", ".", "-3", "+3", "1e3", "soon", "NaN", "inf", "1.2.3", "0x10",
+        ] {
             let detail = rejected(&[("x-sandbox-id", "a"), ("x-sandbox-timeout", timeout)]);
             assert!(detail.starts_with("Invalid timeout"), "{detail}");
         }
@@ -415,7 +436,15 @@ mod tests {
             Duration::from_secs(5)
         );
         assert_eq!(deadline(Some(Duration::from_secs(9999)), max), max);
-        assert_eq!(parse_timeout("1e300"), Some(Duration::MAX));
+        assert_eq!(
+            parse_timeout(&format!("1{}", "0".repeat(300))),
+            Some(Duration::MAX)
+        );
+        assert_eq!(parse_timeout("2.5"), Some(Duration::from_millis(2500)));
+        assert_eq!(parse_timeout(".5"), Some(Duration::from_millis(500)));
+        assert_eq!(parse_timeout("5."), Some(Duration::from_secs(5)));
+        assert_eq!(parse_timeout("0.0000000019"), Some(Duration::from_nanos(1)));
+        assert_eq!(parse_timeout("0.0000000009"), None);
     }
 
     #[test]
@@ -515,5 +544,230 @@ mod tests {
         let map = headers(&[("x-a", "12345")]);
         let size = head_bytes(&http::Method::GET, &"/p".parse().unwrap(), &map);
         assert_eq!(size, 3 + 2 + 11 + 1 + 3 + 5 + 4);
+    }
+}
+
+/// Property tests: `parse_routing` never panics, accepts exactly the valid forms of every
+/// routing header (checked against an oracle written from `docs/router.md`, not from the code
+/// above) and gives each valid value back unchanged.
+#[cfg(test)]
+mod properties {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+    use proptest::prelude::*;
+
+    const CASES: u32 = 4096;
+
+    /// What the documentation says a routing header may hold; `None` when it must be refused.
+    fn oracle(headers: &HeaderMap) -> Option<Routing> {
+        fn value<'h>(headers: &'h HeaderMap, name: &str) -> Option<Option<&'h str>> {
+            let all: Vec<&HeaderValue> = headers.get_all(name).iter().collect();
+            match all.as_slice() {
+                [] => Some(None),
+                [one] => {
+                    let bytes = one.as_bytes();
+                    let visible = bytes
+                        .iter()
+                        .all(|b| *b == b'\t' || (0x20..0x7f).contains(b));
+                    visible.then(|| {
+                        let text = std::str::from_utf8(bytes).unwrap();
+                        Some(text.trim_matches(|c| c == ' ' || c == '\t')).filter(|t| !t.is_empty())
+                    })
+                }
+                _ => None,
+            }
+        }
+        fn label(text: &str) -> bool {
+            (1..=63).contains(&text.len())
+                && text
+                    .chars()
+                    .all(|c| matches!(c, 'a'..='z' | '0'..='9' | '-'))
+                && !text.starts_with('-')
+                && !text.ends_with('-')
+        }
+        let id = value(headers, "x-sandbox-id")??;
+        let namespace = value(headers, "x-sandbox-namespace")?.unwrap_or("default");
+        if !label(id) || !label(namespace) {
+            return None;
+        }
+        let port = match value(headers, "x-sandbox-port")? {
+            None => 8888,
+            Some(raw) if raw.chars().all(|c| c.is_ascii_digit()) => {
+                let digits = raw.trim_start_matches('0');
+                if digits.is_empty() || digits.len() > 5 {
+                    return None;
+                }
+                u16::try_from(digits.parse::<u32>().unwrap()).ok()?
+            }
+            Some(_) => return None,
+        };
+        let pod_ip = match value(headers, "x-sandbox-pod-ip")? {
+            None => None,
+            Some(raw) => Some(raw.parse::<IpAddr>().ok()?),
+        };
+        let uid = match value(headers, "x-sandbox-uid")? {
+            None => None,
+            Some(raw) if raw.len() <= 128 => Some(raw.to_owned()),
+            Some(_) => return None,
+        };
+        let timeout = match value(headers, "x-sandbox-timeout")? {
+            None => None,
+            Some(raw) => {
+                let (whole, fraction) = raw.split_once('.').unwrap_or((raw, ""));
+                let digits = |s: &str| s.chars().all(|c| c.is_ascii_digit());
+                if whole.len() + fraction.len() == 0 || !digits(whole) || !digits(fraction) {
+                    return None;
+                }
+                let nanos: u32 = format!("{:0<9}", &fraction[..fraction.len().min(9)])
+                    .parse()
+                    .unwrap();
+                let seconds = whole.trim_start_matches('0');
+                let duration = match seconds.parse::<u64>() {
+                    _ if seconds.is_empty() => Duration::new(0, nanos),
+                    Ok(seconds) => Duration::new(seconds, nanos),
+                    Err(_) => Duration::MAX,
+                };
+                Some(Some(duration).filter(|d| !d.is_zero())?)
+            }
+        };
+        Some(Routing {
+            id: id.to_owned(),
+            namespace: namespace.to_owned(),
+            port,
+            pod_ip,
+            uid,
+            timeout,
+        })
+    }
+
+    /// The routing headers, in any letter case, and an unrelated one.
+    fn name() -> impl Strategy<Value = HeaderName> {
+        prop_oneof![
+            Just(wire::SANDBOX_ID),
+            Just(wire::SANDBOX_NAMESPACE),
+            Just(wire::SANDBOX_PORT),
+            Just(wire::SANDBOX_POD_IP),
+            Just(wire::SANDBOX_UID),
+            Just(wire::SANDBOX_TIMEOUT),
+            Just("x-other"),
+        ]
+        .prop_map(|name| HeaderName::from_bytes(name.as_bytes()).unwrap())
+    }
+
+    /// Values near the valid forms as well as arbitrary bytes: random bytes alone would almost
+    /// never be valid.
+    fn value() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..80),
+            "[ \t]?[a-z0-9-]{0,65}[ \t]?".prop_map(String::into_bytes),
+            "[+-]?[0-9]{0,7}".prop_map(String::into_bytes),
+            "[0-9+e.-]{0,12}|inf|NaN|infinity".prop_map(String::into_bytes),
+            any::<IpAddr>().prop_map(|ip| ip.to_string().into_bytes()),
+            "[0-9a-f:.%]{0,40}".prop_map(String::into_bytes),
+            "[!-~]{120,135}".prop_map(String::into_bytes),
+        ]
+    }
+
+    fn header_map(pairs: Vec<(HeaderName, Vec<u8>)>) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, bytes) in pairs {
+            // Bytes no HTTP parser would deliver as a header value (CR, LF, NUL...) never
+            // reach the router.
+            if let Ok(value) = HeaderValue::from_bytes(&bytes) {
+                map.append(name, value);
+            }
+        }
+        map
+    }
+
+    fn label() -> impl Strategy<Value = String> {
+        "[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
+    }
+
+    /// Seconds as a decimal number, and the duration it stands for.
+    fn timeout() -> impl Strategy<Value = (String, Duration)> {
+        (1u64..10_000_000, 0u32..1_000_000_000, 0usize..=9).prop_map(|(secs, nanos, places)| {
+            let kept = nanos / 10u32.pow(9 - u32::try_from(places).unwrap());
+            let text = if places == 0 {
+                secs.to_string()
+            } else {
+                format!("{secs}.{kept:0places$}")
+            };
+            let nanos = kept * 10u32.pow(9 - u32::try_from(places).unwrap());
+            (text, Duration::new(secs, nanos))
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(CASES))]
+
+        #[test]
+        fn arbitrary_headers_are_accepted_exactly_when_valid(
+            pairs in proptest::collection::vec((name(), value()), 0..10)
+        ) {
+            let headers = header_map(pairs);
+            match (parse_routing(&headers), oracle(&headers)) {
+                (Ok(routing), Some(expected)) => prop_assert_eq!(routing, expected),
+                (Err(rejection), None) => {
+                    prop_assert_eq!(rejection.status, http::StatusCode::BAD_REQUEST);
+                    prop_assert!(!rejection.detail.is_empty());
+                }
+                (Ok(routing), None) => {
+                    prop_assert!(false, "accepted {headers:?} as {routing:?}");
+                }
+                (Err(rejection), Some(expected)) => {
+                    prop_assert!(false, "refused {headers:?} ({expected:?}): {}", rejection.detail);
+                }
+            }
+        }
+
+        #[test]
+        fn valid_values_parse_to_themselves(
+            id in label(),
+            namespace in proptest::option::of(label()),
+            port in 1u16..,
+            pod_ip in proptest::option::of(any::<IpAddr>()),
+            uid in proptest::option::of("[!-~]{1,128}"),
+            timeout in proptest::option::of(timeout()),
+            upper in any::<bool>(),
+        ) {
+            let case = |name: &str| if upper { name.to_owned() } else { name.to_ascii_lowercase() };
+            let mut pairs = vec![(case(wire::SANDBOX_ID), id.clone()), (case(wire::SANDBOX_PORT), port.to_string())];
+            pairs.extend(namespace.clone().map(|ns| (case(wire::SANDBOX_NAMESPACE), ns)));
+            pairs.extend(pod_ip.map(|ip| (case(wire::SANDBOX_POD_IP), ip.to_string())));
+            pairs.extend(uid.clone().map(|uid| (case(wire::SANDBOX_UID), uid)));
+            pairs.extend(timeout.clone().map(|(text, _)| (case(wire::SANDBOX_TIMEOUT), text)));
+            let mut headers = HeaderMap::new();
+            for (name, value) in pairs {
+                headers.append(
+                    HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                    HeaderValue::from_str(&value).unwrap(),
+                );
+            }
+            prop_assert_eq!(
+                parse_routing(&headers).unwrap(),
+                Routing {
+                    id,
+                    namespace: namespace.unwrap_or_else(|| "default".to_owned()),
+                    port,
+                    pod_ip,
+                    uid,
+                    timeout: timeout.map(|(_, duration)| duration),
+                }
+            );
+        }
+
+        #[test]
+        fn routing_headers_never_reach_the_sandbox(
+            pairs in proptest::collection::vec((name(), value()), 0..10),
+            upgrade in any::<bool>(),
+        ) {
+            let headers = header_map(pairs);
+            let out = outbound_headers(&headers, upgrade, IpAddr::from([192, 0, 2, 1]));
+            for name in CONSUMED {
+                prop_assert!(!out.contains_key(name), "{name} forwarded");
+            }
+        }
     }
 }

@@ -2,12 +2,30 @@
 //! logging, builds a kube client from the usual kubeconfig or in-cluster configuration, and runs
 //! `agent_sandbox_router::run` until SIGTERM or Ctrl-C. `sandbox-router mint-token` prints a
 //! scoped token for one sandbox.
+//!
+//! Every error ends the process with one line on stderr, `error: ...`, and no backtrace even
+//! under `RUST_BACKTRACE=1` (that is for panics): exit code 2 when the configuration cannot be
+//! used (a flag value, a token or key file, the listen address, the Kubernetes configuration),
+//! 1 for anything else.
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
+
+/// Exit code of a configuration error, the same as clap's for a bad command line.
+const CONFIG_ERROR: u8 = 2;
+
+/// A configuration the router cannot run with, beyond the library's own [`Error`] variants
+/// (see [`Error::is_configuration`]).
+///
+/// [`Error`]: agent_sandbox_router::Error
+/// [`Error::is_configuration`]: agent_sandbox_router::Error::is_configuration
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct ConfigError(String);
 
 #[derive(Debug, Parser)]
 #[command(
@@ -69,11 +87,15 @@ fn mint(
     sandbox: &str,
     ttl: Duration,
 ) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        agent_sandbox_router::is_dns_label(namespace)
-            && agent_sandbox_router::is_dns_label(sandbox),
-        "namespace and sandbox must be DNS-1123 labels"
-    );
+    for (flag, value) in [("--namespace", namespace), ("--sandbox", sandbox)] {
+        if !agent_sandbox_router::is_dns_label(value) {
+            return Err(ConfigError(format!(
+                "{flag} {value:?} is not a DNS-1123 label (lowercase letters, digits and '-', at \
+                 most 63 characters)"
+            ))
+            .into());
+        }
+    }
     let key = agent_sandbox_router::read_signing_key(key_file)?;
     let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
     let expires_at = i64::try_from(now.saturating_add(ttl.as_secs().max(1)))?;
@@ -107,9 +129,81 @@ async fn shutdown_signal() {
     }
 }
 
-fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => return usage_error(&error),
+    };
     init_logging(&cli.log_format);
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {}{}", one_line(&error), hint(&error));
+            ExitCode::from(if is_configuration(&error) {
+                CONFIG_ERROR
+            } else {
+                1
+            })
+        }
+    }
+}
+
+/// A command-line error as one line (clap's text, with its usage and tip lines folded), or the
+/// help and version text clap prints on request.
+fn usage_error(error: &clap::Error) -> ExitCode {
+    if !error.use_stderr() {
+        let _ = error.print();
+        return ExitCode::SUCCESS;
+    }
+    let text = error.render().to_string();
+    let message = text.split("\n\n").next().unwrap_or_default();
+    let line = message.split_whitespace().collect::<Vec<_>>().join(" ");
+    eprintln!("{line} (see sandbox-router --help)");
+    ExitCode::from(CONFIG_ERROR)
+}
+
+/// The error and its causes, `a: b: c`, skipping a cause whose text is already there (kube's
+/// errors repeat their sources), on one line.
+fn one_line(error: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in error.chain() {
+        let cause = cause.to_string();
+        if !text.contains(&cause) {
+            if !text.is_empty() {
+                text.push_str(": ");
+            }
+            text.push_str(&cause);
+        }
+    }
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn is_configuration(error: &anyhow::Error) -> bool {
+    error.downcast_ref::<ConfigError>().is_some()
+        || error
+            .downcast_ref::<agent_sandbox_router::Error>()
+            .is_some_and(agent_sandbox_router::Error::is_configuration)
+}
+
+/// What to change, for the configuration errors whose message does not name the flag.
+fn hint(error: &anyhow::Error) -> &'static str {
+    use agent_sandbox_router::Error;
+    match error.downcast_ref::<Error>() {
+        Some(Error::Bind { .. }) => "; choose another --listen address",
+        Some(
+            Error::ReadSecret {
+                what: "static token",
+                ..
+            }
+            | Error::TokenTooShort { .. },
+        ) => "; check --token-file",
+        Some(Error::ReadSecret { .. } | Error::SigningKey { .. }) => "; check --signing-key-file",
+        Some(Error::InvalidNamespace { .. }) => "; check --namespace",
+        _ => "",
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
     if let Some(Command::MintToken {
         signing_key_file,
         namespace,
@@ -131,9 +225,11 @@ fn main() -> anyhow::Result<()> {
         .build()
         .context("failed to start the async runtime")?;
     runtime.block_on(async {
-        let client = kube::Client::try_default().await.context(
-            "failed to build a Kubernetes client from the kubeconfig or in-cluster configuration",
-        )?;
+        let client = kube::Client::try_default().await.context(ConfigError(
+            "failed to build a Kubernetes client from the kubeconfig (KUBECONFIG or \
+             ~/.kube/config) or the in-cluster service account"
+                .to_owned(),
+        ))?;
         agent_sandbox_router::run(config, client, shutdown_signal()).await?;
         anyhow::Ok(())
     })?;

@@ -27,7 +27,7 @@ use crate::headers::{
 };
 use crate::index::SharedIndex;
 use crate::metrics::Metrics;
-use crate::reject::{Rejection, json_response};
+use crate::reject::{Rejection, json_response, shown};
 use crate::route;
 
 /// Idle pooled connections kept per pod.
@@ -206,6 +206,22 @@ impl Proxy {
                 format!("CONNECT is not proxied (sandbox {sandbox})."),
             ));
         }
+        let path = parts
+            .uri
+            .path_and_query()
+            .map_or("/", http::uri::PathAndQuery::as_str);
+        // `OPTIONS *` (the asterisk form) asks about the server itself: no sandbox resource
+        // answers it, and `http://<pod>:<port>*` is no URI to send it to. (An absolute-form
+        // target's scheme and authority are ignored, so only a path is ever forwarded.)
+        if !path.starts_with('/') {
+            return Err(Rejection::bad_request(format!(
+                "Request target {:?} for sandbox {sandbox} is not a path: the router forwards \
+                 only origin-form targets (/path?query), so {} {} is not proxied.",
+                shown(path),
+                parts.method,
+                shown(path)
+            )));
+        }
         if let Some(length) = content_length(&parts.headers)
             && length > self.max_body_bytes
         {
@@ -227,10 +243,6 @@ impl Proxy {
 
         let timeout = deadline(routing.timeout, self.max_timeout);
         let deadline_at = tokio::time::Instant::now() + timeout;
-        let path = parts
-            .uri
-            .path_and_query()
-            .map_or("/", http::uri::PathAndQuery::as_str);
         let uri: Uri = format!("http://{addr}{path}").parse().map_err(|_| {
             Rejection::bad_request(format!("Invalid request target for sandbox {sandbox}."))
         })?;

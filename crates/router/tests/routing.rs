@@ -785,3 +785,43 @@ async fn graceful_shutdown_lets_in_flight_requests_finish() {
     // And the listener is gone.
     assert!(tokio::net::TcpStream::connect(addr).await.is_err());
 }
+
+/// `OPTIONS *` (the asterisk-form request target, RFC 9112 §3.2.4) asks about the server, not a
+/// resource: there is nothing in a sandbox to forward it to. Over real TCP, because HTTP client
+/// libraries rarely send it.
+#[tokio::test]
+async fn asterisk_form_requests_are_refused_with_400() {
+    let backend = Backend::on_fresh_ip(8888, echo_http).await;
+    let sandbox = sandbox("box");
+    let pod = pod_for(&sandbox, backend.addr.ip(), &[]);
+    let router = TestRouter::start(synced_index(&[(&sandbox, &pod)])).await;
+    for head in [
+        "OPTIONS * HTTP/1.1\r\nHost: router\r\nX-Sandbox-ID: box\r\nConnection: close\r\n\r\n",
+        "OPTIONS * HTTP/1.1\r\nHost: router\r\nConnection: close\r\n\r\n",
+    ] {
+        let mut stream = tokio::net::TcpStream::connect(router.addr).await.unwrap();
+        stream.write_all(head.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
+            .await
+            .unwrap()
+            .unwrap();
+        let answer = String::from_utf8_lossy(&answer).into_owned();
+        assert!(answer.starts_with("HTTP/1.1 400 "), "{head:?}: {answer}");
+        let (_, body) = answer.split_once("\r\n\r\n").unwrap();
+        let detail = serde_json::from_str::<serde_json::Value>(body).unwrap()["detail"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        if head.contains("X-Sandbox-ID") {
+            assert_eq!(
+                detail,
+                "Request target \"*\" for sandbox default/box is not a path: the router forwards \
+                 only origin-form targets (/path?query), so OPTIONS * is not proxied."
+            );
+        } else {
+            assert_eq!(detail, "X-Sandbox-ID header is required.");
+        }
+    }
+    assert_eq!(backend.accepted(), 0, "nothing reached the sandbox");
+}

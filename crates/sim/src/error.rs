@@ -86,3 +86,16 @@ pub enum Error {
 
 /// Result with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// Whether the configuration the sim was given cannot be used (the port, the data
+    /// directory, the kubeconfig path, bubblewrap isolation without bubblewrap), rather than
+    /// something failing in the sim itself: `kube-sim` exits with code 2 for these, as for a bad
+    /// command line.
+    pub fn is_configuration(&self) -> bool {
+        matches!(
+            self,
+            Self::DataDir { .. } | Self::Bind { .. } | Self::Kubeconfig { .. } | Self::NoBwrap
+        )
+    }
+}

@@ -1,10 +1,25 @@
 //! `kube-sim`: serves a simulated Kubernetes cluster until SIGTERM.
+//!
+//! Every error ends the process with one line on stderr, `error: ...`, and no backtrace even
+//! under `RUST_BACKTRACE=1` (that is for panics): exit code 2 when the configuration cannot be
+//! used (a flag value, the port, the data directory, the kubeconfig path, bubblewrap), 1 for
+//! anything else.
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use agent_sandbox_sim::{ImageEntry, Isolation, Program, Sim, SimConfig, runtime_entry};
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use clap::Parser;
+
+/// Exit code of a configuration error, the same as clap's for a bad command line.
+const CONFIG_ERROR: u8 = 2;
+
+/// A flag value kube-sim cannot use, beyond clap's own checks and the library's
+/// [`agent_sandbox_sim::Error::is_configuration`] errors.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct ConfigError(String);
 
 /// A simulated Kubernetes cluster: an API server on 127.0.0.1 and a kubelet that runs pods as
 /// local processes. A test harness and playground, never a production target.
@@ -41,17 +56,22 @@ fn program(text: &str) -> Program {
     }
 }
 
-fn split(mapping: &str) -> Result<(&str, &str)> {
+fn split<'m>(flag: &str, mapping: &'m str) -> Result<(&'m str, &'m str), ConfigError> {
     match mapping.split_once('=') {
         Some((pattern, program)) if !pattern.is_empty() && !program.is_empty() => {
             Ok((pattern, program))
         }
-        _ => bail!("image mappings look like PATTERN=PROGRAM, not {mapping:?}"),
+        _ => Err(ConfigError(format!(
+            "{flag} takes PATTERN=PROGRAM (e.g. 'busybox*=sh'), not {mapping:?}"
+        ))),
     }
 }
 
-#[tokio::main]
-async fn main() -> Result<()> {
+fn main() -> ExitCode {
+    let args = match Args::try_parse() {
+        Ok(args) => args,
+        Err(error) => return usage_error(&error),
+    };
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -60,7 +80,74 @@ async fn main() -> Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    let args = Args::parse();
+    let served = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("failed to start the async runtime")
+        .and_then(|runtime| runtime.block_on(serve(args)));
+    match served {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {}{}", one_line(&error), hint(&error));
+            ExitCode::from(if is_configuration(&error) {
+                CONFIG_ERROR
+            } else {
+                1
+            })
+        }
+    }
+}
+
+/// A command-line error as one line (clap's text, with its usage and tip lines folded), or the
+/// help and version text clap prints on request.
+fn usage_error(error: &clap::Error) -> ExitCode {
+    if !error.use_stderr() {
+        let _ = error.print();
+        return ExitCode::SUCCESS;
+    }
+    let text = error.render().to_string();
+    let message = text.split("\n\n").next().unwrap_or_default();
+    let line = message.split_whitespace().collect::<Vec<_>>().join(" ");
+    eprintln!("{line} (see kube-sim --help)");
+    ExitCode::from(CONFIG_ERROR)
+}
+
+/// The error and its causes, `a: b: c`, skipping a cause whose text is already there, on one
+/// line.
+fn one_line(error: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in error.chain() {
+        let cause = cause.to_string();
+        if !text.contains(&cause) {
+            if !text.is_empty() {
+                text.push_str(": ");
+            }
+            text.push_str(&cause);
+        }
+    }
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn is_configuration(error: &anyhow::Error) -> bool {
+    error.downcast_ref::<ConfigError>().is_some()
+        || error
+            .downcast_ref::<agent_sandbox_sim::Error>()
+            .is_some_and(agent_sandbox_sim::Error::is_configuration)
+}
+
+/// What to change, for the configuration errors whose message does not name the flag.
+fn hint(error: &anyhow::Error) -> &'static str {
+    use agent_sandbox_sim::Error;
+    match error.downcast_ref::<Error>() {
+        Some(Error::Bind { .. }) => "; choose another --port (0 lets the system choose)",
+        Some(Error::DataDir { .. }) => "; choose another --data-dir",
+        Some(Error::Kubeconfig { .. }) => "; choose another --kubeconfig",
+        Some(Error::NoBwrap) => "; install bubblewrap or use --isolation auto or none",
+        _ => "",
+    }
+}
+
+async fn serve(args: Args) -> Result<()> {
     let mut config = SimConfig::default()
         .port(args.port)
         .isolation(args.isolation)
@@ -69,11 +156,11 @@ async fn main() -> Result<()> {
         config = config.data_dir(dir);
     }
     for mapping in &args.images {
-        let (pattern, name) = split(mapping)?;
+        let (pattern, name) = split("--image", mapping)?;
         config = config.image(ImageEntry::new(pattern, program(name)));
     }
     for mapping in &args.runtime_images {
-        let (pattern, name) = split(mapping)?;
+        let (pattern, name) = split("--runtime-image", mapping)?;
         config = config.image(runtime_entry(pattern, program(name)));
     }
     let sim = Sim::start(config)

@@ -77,3 +77,86 @@ async fn kube_sim_serves_until_sigterm_and_leaves_no_pod_behind() {
     })
     .await;
 }
+
+/// Runs `kube-sim` with `args` and backtraces requested, as a user debugging something would.
+fn kube_sim(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_kube-sim"))
+        .args(args)
+        .env("RUST_BACKTRACE", "1")
+        .env("RUST_LIB_BACKTRACE", "1")
+        .env("RUST_LOG", "error")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+/// A configuration error is one line saying what is wrong and exit code 2, never a backtrace.
+fn assert_configuration_error(output: &std::process::Output, names: &str) {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "one line, not:\n{stderr}");
+    assert!(lines[0].starts_with("error: "), "{stderr}");
+    assert!(lines[0].contains(names), "{names:?} not in {stderr}");
+    let lower = stderr.to_ascii_lowercase();
+    assert!(
+        !lower.contains("backtrace") && !lower.contains("panicked"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn configuration_errors_are_one_line_and_exit_code_2_even_with_backtraces_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("config");
+    let kubeconfig = kubeconfig.to_str().unwrap();
+    // A bad flag value and a missing flag (clap's own errors).
+    assert_configuration_error(
+        &kube_sim(&["--kubeconfig", kubeconfig, "--isolation", "docker"]),
+        "--isolation",
+    );
+    assert_configuration_error(&kube_sim(&[]), "--kubeconfig");
+    // A malformed image mapping.
+    assert_configuration_error(
+        &kube_sim(&["--kubeconfig", kubeconfig, "--image", "busybox"]),
+        "PATTERN=PROGRAM",
+    );
+    // A port that is taken.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    assert_configuration_error(
+        &kube_sim(&[
+            "--kubeconfig",
+            kubeconfig,
+            "--isolation",
+            "none",
+            "--port",
+            &port,
+        ]),
+        &format!("127.0.0.1:{port}"),
+    );
+    // A data directory that cannot be created, and a kubeconfig that cannot be written.
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    let below_file = file.join("data");
+    assert_configuration_error(
+        &kube_sim(&[
+            "--kubeconfig",
+            kubeconfig,
+            "--isolation",
+            "none",
+            "--data-dir",
+            below_file.to_str().unwrap(),
+        ]),
+        below_file.to_str().unwrap(),
+    );
+    assert_configuration_error(
+        &kube_sim(&[
+            "--kubeconfig",
+            below_file.to_str().unwrap(),
+            "--isolation",
+            "none",
+        ]),
+        below_file.to_str().unwrap(),
+    );
+}

@@ -814,3 +814,59 @@ async fn metadata_lists_and_watches_return_partial_objects() {
         other => panic!("unexpected {other:?}"),
     }
 }
+
+/// `format: date-time` as the API server checks it: the far future (a claim that never expires)
+/// is a date-time, an offset beyond 23:59 is not.
+#[tokio::test]
+async fn custom_resource_date_times_are_rfc_3339() {
+    let sim = sim(Isolation::None).await;
+    let resource = kube::api::ApiResource {
+        group: "extensions.agents.x-k8s.io".into(),
+        version: "v1beta1".into(),
+        api_version: "extensions.agents.x-k8s.io/v1beta1".into(),
+        kind: "SandboxClaim".into(),
+        plural: "sandboxclaims".into(),
+    };
+    let claims: Api<kube::api::DynamicObject> =
+        Api::default_namespaced_with(sim.client().unwrap(), &resource);
+    let claim = |name: &str, when: &str| -> kube::api::DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxClaim",
+            "metadata": {"name": name},
+            "spec": {"warmPoolRef": {"name": "pool"}, "lifecycle": {"shutdownTime": when}}
+        }))
+        .unwrap()
+    };
+    for (name, when) in [
+        ("far", "9999-12-31T23:59:59Z"),
+        ("offset", "2026-06-30T08:15:00.25-23:59"),
+    ] {
+        let created = claims
+            .create(&PostParams::default(), &claim(name, when))
+            .await
+            .unwrap();
+        assert_eq!(created.data["spec"]["lifecycle"]["shutdownTime"], when);
+    }
+    for (name, when) in [
+        ("beyond", "2026-01-01T00:00:00+25:00"),
+        ("leap", "2016-12-31T23:59:60Z"),
+        ("year", "10000-01-01T00:00:00Z"),
+    ] {
+        let invalid = api_error(
+            claims
+                .create(&PostParams::default(), &claim(name, when))
+                .await
+                .unwrap_err(),
+        );
+        assert_eq!(
+            (invalid.code, invalid.reason.as_str()),
+            (422, "Invalid"),
+            "{when}"
+        );
+        assert!(
+            invalid.message.contains("spec.lifecycle.shutdownTime"),
+            "{}",
+            invalid.message
+        );
+    }
+}

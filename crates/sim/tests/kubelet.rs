@@ -1,12 +1,13 @@
 //! The process kubelet through kube-rs: pods run as local process groups (with and without
 //! bubblewrap), follow their restart policy, report status, logs and Events, honour readiness
-//! probes, environment and init containers, and leave no process behind.
+//! probes, environment and init containers, and leave no process behind (not even one the
+//! runtime started in its own session, when the runtime itself is SIGKILLed).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
 
-use agent_sandbox_sim::{Isolation, Sim, SimConfig};
-use common::{container_pid, eventually, group_alive, sim};
+use agent_sandbox_sim::{Isolation, Program, Sim, SimConfig, runtime_entry};
+use common::{container_pid, eventually, group_alive, runtime_binary, sim};
 use k8s_openapi::api::core::v1::{ConfigMap, Event as CoreEvent, Pod};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
@@ -363,4 +364,223 @@ async fn two_sims_run_side_by_side() {
         .map(|p| p.name_any())
         .collect();
     assert_eq!(names, ["same-name"]);
+}
+
+/// The command line of `pid`, if it is alive (not a zombie).
+fn live_cmdline(pid: i32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, after) = stat.rsplit_once(')')?;
+    if after.split_whitespace().next() == Some("Z") {
+        return None;
+    }
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    Some(
+        raw.split(|b| *b == 0)
+            .filter(|arg| !arg.is_empty())
+            .map(|arg| String::from_utf8_lossy(arg).into_owned())
+            .collect(),
+    )
+}
+
+fn all_pids() -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+/// Live processes with `marker` as one of their arguments.
+fn processes_with(marker: &str) -> Vec<i32> {
+    all_pids()
+        .into_iter()
+        .filter(|pid| live_cmdline(*pid).is_some_and(|args| args.iter().any(|a| a == marker)))
+        .collect()
+}
+
+/// `root` and every process below it, from the parent links in `/proc`.
+fn tree(root: i32) -> Vec<i32> {
+    let parents: Vec<(i32, i32)> = all_pids()
+        .into_iter()
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let (_, after) = stat.rsplit_once(')')?;
+            Some((pid, after.split_whitespace().nth(1)?.parse().ok()?))
+        })
+        .collect();
+    let mut found = vec![root];
+    let mut index = 0;
+    while let Some(parent) = found.get(index).copied() {
+        found.extend(
+            parents
+                .iter()
+                .filter(|(_, p)| *p == parent)
+                .map(|(c, _)| *c),
+        );
+        index += 1;
+    }
+    found
+}
+
+/// Kills, when dropped, every process carrying the marker: a failing test leaves nothing behind.
+struct Orphans(String);
+
+impl Drop for Orphans {
+    fn drop(&mut self) {
+        for pid in processes_with(&self.0) {
+            if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+        }
+    }
+}
+
+async fn http_post(addr: &str, path: &str, body: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await.unwrap();
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (code, text)
+}
+
+/// Creates a runtime pod and waits until the runtime answers.
+async fn ready_runtime_pod(pods: &Api<Pod>, name: &str) -> Pod {
+    let spec: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 5,
+                 "containers": [{"name": "rt", "image": "sandbox-runtime"}]}
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &spec).await.unwrap();
+    eventually(&format!("pod {name} to be Ready"), || async {
+        let pod = pods.get(name).await.unwrap();
+        (condition(&pod, "Ready").as_deref() == Some("True")).then_some(pod)
+    })
+    .await
+}
+
+/// Has the pod's runtime start, as a background process, a `sleep` that leaves the runtime's
+/// session (`setsid` forks, so the sleep is no direct child of the runtime and has no
+/// parent-death signal). The sleep's last argument is `marker`, which finds it in `/proc`.
+async fn start_escaping_sleep(pod: &Pod, marker: &str) {
+    let ip = pod.status.as_ref().unwrap().pod_ip.clone().unwrap();
+    let command = format!("setsid sleep 1000 {marker}");
+    let (code, response) = http_post(
+        &format!("{ip}:8888"),
+        "/v1/processes",
+        &json!({ "command": command }).to_string(),
+    )
+    .await;
+    assert_eq!(code, 201, "{response}");
+    eventually("the escaping sleep to run", || async {
+        (!processes_with(marker).is_empty()).then_some(())
+    })
+    .await;
+}
+
+/// The runtime process of a pod whose container's process is `container`.
+fn runtime_process(container: i32) -> i32 {
+    let runtimes: Vec<i32> = tree(container)
+        .into_iter()
+        .filter(|pid| {
+            live_cmdline(*pid)
+                .and_then(|args| args.first().cloned())
+                .is_some_and(|program| program.ends_with("sandbox-runtime"))
+        })
+        .collect();
+    assert_eq!(
+        runtimes.len(),
+        1,
+        "runtime processes under {container}: {runtimes:?}"
+    );
+    runtimes[0]
+}
+
+async fn no_process_outlives_its_pod(isolation: Isolation) {
+    let config = SimConfig::default()
+        .isolation(isolation)
+        .image(runtime_entry("*runtime*", Program::Path(runtime_binary())));
+    let sim = Sim::start(config).await.unwrap();
+    let pods: Api<Pod> = Api::default_namespaced(sim.client().unwrap());
+    // A fraction of a second, unique to this run: `sleep` adds up its arguments.
+    let unique = || {
+        format!(
+            "0.{}{:09}",
+            std::process::id(),
+            fastrand::u32(..1_000_000_000)
+        )
+    };
+
+    // The runtime is SIGKILLed (as by the OOM killer): the container ends, and with it
+    // everything the runtime started, wherever it went.
+    let marker = unique();
+    let _orphans = Orphans(marker.clone());
+    let pod = ready_runtime_pod(&pods, "killed").await;
+    start_escaping_sleep(&pod, &marker).await;
+    let runtime = runtime_process(container_pid(&pod));
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(runtime).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    let failed = wait_phase(&pods, "killed", "Failed").await;
+    let state = failed.status.unwrap().container_statuses.unwrap()[0]
+        .state
+        .clone()
+        .unwrap();
+    assert_eq!(state.terminated.unwrap().exit_code, 137);
+    assert_eq!(
+        processes_with(&marker),
+        Vec::<i32>::new(),
+        "the runtime's background sleep outlived its pod (isolation {isolation:?})"
+    );
+
+    // The pod is deleted: the same holds once the object is gone.
+    let marker = unique();
+    let _orphans = Orphans(marker.clone());
+    let pod = ready_runtime_pod(&pods, "deleted").await;
+    start_escaping_sleep(&pod, &marker).await;
+    pods.delete("deleted", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the pod to be gone", || async {
+        pods.get_opt("deleted")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    assert_eq!(
+        processes_with(&marker),
+        Vec::<i32>::new(),
+        "the runtime's background sleep outlived the deleted pod (isolation {isolation:?})"
+    );
+    assert_eq!(sim.live_process_groups(), 0);
+}
+
+#[tokio::test]
+async fn no_process_outlives_its_pod_without_isolation() {
+    no_process_outlives_its_pod(Isolation::None).await;
+}
+
+#[tokio::test]
+async fn no_process_outlives_its_pod_in_bubblewrap() {
+    if !agent_sandbox_sim::bwrap_available() {
+        eprintln!("skipped: bubblewrap (bwrap) is not installed or cannot create namespaces here");
+        return;
+    }
+    no_process_outlives_its_pod(Isolation::Bwrap).await;
 }

@@ -1,12 +1,23 @@
-//! Pod processes: spawning a container's program in its own process group, directly or inside
-//! bubblewrap, and stopping the whole group (gracefully or not).
+//! Pod processes: spawning a container's program in its own process group, inside bubblewrap or
+//! under the embedded supervisor, and stopping it (gracefully or not) so that no process of the
+//! container survives it.
+//!
+//! A program that dies leaves its descendants to the nearest subreaper, normally init: the
+//! runtime's commands run in sessions of their own, so killing the container's process group
+//! misses them. Under bubblewrap every container has its own pid namespace, which the kernel
+//! empties when bubblewrap's init ends. Without bubblewrap the container's program runs under
+//! `kube-sim-supervisor` (`src/bin/kube-sim-supervisor.rs`, embedded here by `build.rs`), a child
+//! subreaper that kills everything left below it when the program ends or when the kubelet
+//! closes its standard input, and exits only then, with the program's status.
 //!
 //! Every live group is registered in a [`ProcessTable`], so that stopping the sim (or dropping
 //! its handle) can kill every pod process even when the tasks that own them are gone. Each group
 //! is also killed by its [`GroupGuard`] when dropped.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsString;
+use std::io::{PipeWriter, Write as _};
+use std::os::fd::AsRawFd as _;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -178,37 +189,98 @@ pub(crate) fn bwrap_args(root: &[RootEntry], spec: &LaunchSpec) -> Vec<OsString>
     args
 }
 
+/// The executable of `src/bin/kube-sim-supervisor.rs`, compiled by `build.rs`.
+static SUPERVISOR: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kube-sim-supervisor"));
+
+/// A path that executes the embedded supervisor: a sealed memfd, made once per process. A
+/// memfd rather than a file: it needs no writable, executable directory (`/tmp` may be
+/// `noexec`) and leaves nothing behind.
+fn supervisor() -> std::io::Result<&'static str> {
+    static MADE: OnceLock<Result<(std::fs::File, String), String>> = OnceLock::new();
+    let made = MADE.get_or_init(|| {
+        let file = memfd_supervisor().map_err(|error| {
+            format!("failed to make the pod supervisor executable (a sealed memfd): {error}")
+        })?;
+        let path = format!("/proc/self/fd/{}", file.as_raw_fd());
+        Ok((file, path))
+    });
+    match made {
+        Ok((_, path)) => Ok(path),
+        Err(message) => Err(std::io::Error::other(message.clone())),
+    }
+}
+
+fn memfd_supervisor() -> std::io::Result<std::fs::File> {
+    use rustix::fs::{MemfdFlags, SealFlags};
+    let flags = MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING;
+    // MFD_EXEC (Linux 6.3) keeps `vm.memfd_noexec=1` from sealing it non-executable; older
+    // kernels refuse the flag, and their memfds are executable anyway.
+    let fd = rustix::fs::memfd_create("kube-sim-supervisor", flags | MemfdFlags::EXEC)
+        .or_else(|_| rustix::fs::memfd_create("kube-sim-supervisor", flags))?;
+    let mut file = std::fs::File::from(fd);
+    file.write_all(SUPERVISOR)?;
+    rustix::fs::fcntl_add_seals(
+        &file,
+        SealFlags::SEAL | SealFlags::SHRINK | SealFlags::GROW | SealFlags::WRITE,
+    )?;
+    Ok(file)
+}
+
+/// How the kubelet stops a group it registered.
+#[derive(Debug)]
+enum Stopper {
+    /// SIGKILL to the group: bubblewrap's init dies, and with it its pid namespace.
+    KillGroup,
+    /// The write end of the supervisor's standard input: closing it makes the supervisor kill
+    /// every process of the container and exit.
+    Supervisor(PipeWriter),
+}
+
+impl Stopper {
+    fn stop(self, pgid: i32) {
+        match self {
+            Self::KillGroup => kill_group(pgid, Signal::KILL),
+            Self::Supervisor(stdin) => drop(stdin),
+        }
+    }
+}
+
 /// Every process group the kubelet started and has not yet seen die.
 #[derive(Debug, Default)]
 pub(crate) struct ProcessTable {
-    groups: Mutex<HashSet<i32>>,
+    groups: Mutex<HashMap<i32, Stopper>>,
 }
 
 impl ProcessTable {
-    fn insert(&self, pgid: i32) {
+    fn insert(&self, pgid: i32, stopper: Stopper) {
         self.groups
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(pgid);
+            .insert(pgid, stopper);
     }
 
-    fn remove(&self, pgid: i32) {
-        self.groups
+    /// Stops group `pgid` (if still registered) and forgets it.
+    fn stop(&self, pgid: i32) {
+        let stopper = self
+            .groups
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&pgid);
+        if let Some(stopper) = stopper {
+            stopper.stop(pgid);
+        }
     }
 
-    /// Kills every registered group.
+    /// Stops every registered group.
     pub(crate) fn kill_all(&self) {
-        let groups: Vec<i32> = self
+        let groups: Vec<(i32, Stopper)> = self
             .groups
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .drain()
             .collect();
-        for pgid in groups {
-            kill_group(pgid, Signal::KILL);
+        for (pgid, stopper) in groups {
+            stopper.stop(pgid);
         }
     }
 
@@ -262,7 +334,7 @@ pub(crate) struct GroupGuard {
 
 impl GroupGuard {
     /// Asks the processes to stop (SIGTERM). Under bubblewrap the monitor process is spared, so
-    /// that it outlives its child and reports its exit status.
+    /// that it outlives its child and reports its exit status; the supervisor ignores it.
     pub(crate) fn terminate(&self) {
         if self.done {
             return;
@@ -281,11 +353,11 @@ impl GroupGuard {
         }
     }
 
-    /// Kills the whole group (SIGKILL) and forgets it.
+    /// Kills every process of the container and forgets the group: SIGKILL to the group
+    /// under bubblewrap, end of input for the supervisor otherwise.
     pub(crate) fn kill(&mut self) {
         if !self.done {
-            kill_group(self.pgid, Signal::KILL);
-            self.table.remove(self.pgid);
+            self.table.stop(self.pgid);
             self.done = true;
         }
     }
@@ -299,7 +371,7 @@ impl GroupGuard {
         }
     }
 
-    /// The group id (the leader's pid).
+    /// The group id: the leader's pid, bubblewrap's or the supervisor's.
     pub(crate) fn pgid(&self) -> i32 {
         self.pgid
     }
@@ -318,7 +390,8 @@ pub(crate) struct Running {
     pub(crate) guard: GroupGuard,
 }
 
-/// Starts `spec` in a new process group, inside bubblewrap when `bwrap` is true.
+/// Starts `spec` in a new process group, inside bubblewrap when `bwrap` is true, else under the
+/// supervisor.
 pub(crate) fn spawn(
     spec: &LaunchSpec,
     bwrap: bool,
@@ -333,13 +406,25 @@ pub(crate) fn spawn(
         .argv
         .first()
         .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty command"))?;
+    let mut stop_pipe = None;
     let mut command = if bwrap {
         let mut command = tokio::process::Command::new("bwrap");
-        command.args(bwrap_args(host_root(), spec));
+        command
+            .args(bwrap_args(host_root(), spec))
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
         command
     } else {
-        let mut command = tokio::process::Command::new(program);
-        command.args(&spec.argv[1..]);
+        // No kill_on_drop: a SIGKILLed supervisor would leave the container's processes to
+        // init. Closing its standard input (the table's stopper) is how it is stopped.
+        let (stdin, stop) = std::io::pipe()?;
+        stop_pipe = Some(stop);
+        let mut command = tokio::process::Command::new(supervisor()?);
+        command
+            .arg0("kube-sim-supervisor")
+            .arg(program)
+            .args(&spec.argv[1..])
+            .stdin(stdin);
         let dir = spec
             .workdir
             .as_deref()
@@ -352,17 +437,20 @@ pub(crate) fn spawn(
     command
         .env_clear()
         .envs(&spec.env)
-        .stdin(Stdio::null())
         .stdout(log)
         .stderr(log_err)
-        .process_group(0)
-        .kill_on_drop(true);
+        .process_group(0);
     let child = command.spawn()?;
+    // The read end stays with the supervisor only, so that it sees end of file when ours closes.
+    drop(command);
     let pgid = child
         .id()
         .and_then(|id| i32::try_from(id).ok())
         .ok_or_else(|| std::io::Error::other("spawned process has no pid"))?;
-    table.insert(pgid);
+    table.insert(
+        pgid,
+        stop_pipe.map_or(Stopper::KillGroup, Stopper::Supervisor),
+    );
     Ok(Running {
         child,
         guard: GroupGuard {

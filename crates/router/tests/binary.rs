@@ -1,0 +1,135 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! The `sandbox-router` binary's configuration errors: a flag value, file or address that cannot
+//! be used is one line saying what is wrong and exit code 2, even when backtraces are asked for
+//! (backtraces are for real panics).
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+/// A kubeconfig for an API server that is never contacted (nothing listens on port 9): the
+/// router builds its client from it, then fails before connecting.
+fn kubeconfig(dir: &Path) -> std::path::PathBuf {
+    let path = dir.join("kubeconfig");
+    std::fs::write(
+        &path,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:9\n\
+         users:\n- name: u\n  user: {}\ncontexts:\n- name: x\n  context: {cluster: c, user: u}\n\
+         current-context: x\n",
+    )
+    .unwrap();
+    path
+}
+
+fn router(kubeconfig: &Path, args: &[&str]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_sandbox-router"));
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("SANDBOX_ROUTER_") {
+            command.env_remove(name);
+        }
+    }
+    command
+        .args(args)
+        .env("KUBECONFIG", kubeconfig)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env("RUST_BACKTRACE", "1")
+        .env("RUST_LIB_BACKTRACE", "1")
+        .env("RUST_LOG", "error")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+fn assert_configuration_error(output: &Output, names: &str) {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "one line, not:\n{stderr}");
+    assert!(lines[0].starts_with("error: "), "{stderr}");
+    assert!(lines[0].contains(names), "{names:?} not in {stderr}");
+    let lower = stderr.to_ascii_lowercase();
+    assert!(
+        !lower.contains("backtrace") && !lower.contains("panicked"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn configuration_errors_are_one_line_and_exit_code_2_even_with_backtraces_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = kubeconfig(dir.path());
+    let missing = dir.path().join("missing-key");
+    let missing = missing.to_str().unwrap();
+    let short = dir.path().join("short-token");
+    std::fs::write(&short, "too short\n").unwrap();
+    let short = short.to_str().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = taken.local_addr().unwrap().to_string();
+
+    // clap's own errors: a bad value, a missing flag.
+    assert_configuration_error(&router(&config, &["--auth", "bogus"]), "--auth");
+    assert_configuration_error(&router(&config, &[]), "--auth");
+    assert_configuration_error(
+        &router(&config, &["--auth", "none", "--listen", "localhost"]),
+        "--listen",
+    );
+    assert_configuration_error(
+        &router(&config, &["--auth", "none", "--max-timeout-seconds", "abc"]),
+        "--max-timeout-seconds",
+    );
+    // Files that cannot be used.
+    assert_configuration_error(
+        &router(
+            &config,
+            &["--auth", "scoped", "--signing-key-file", missing],
+        ),
+        missing,
+    );
+    assert_configuration_error(
+        &router(&config, &["--auth", "token", "--token-file", short]),
+        short,
+    );
+    assert_configuration_error(
+        &router(&config, &["--auth", "none", "--namespace", "Not_A_Label"]),
+        "Not_A_Label",
+    );
+    // An address that is taken.
+    assert_configuration_error(
+        &router(&config, &["--auth", "none", "--listen", &taken]),
+        &taken,
+    );
+    // No usable Kubernetes configuration.
+    assert_configuration_error(
+        &router(
+            &dir.path().join("no-kubeconfig"),
+            &["--auth", "none", "--listen", "127.0.0.1:0"],
+        ),
+        "kubeconfig",
+    );
+    // mint-token's own checks.
+    assert_configuration_error(
+        &router(
+            &config,
+            &[
+                "mint-token",
+                "--signing-key-file",
+                missing,
+                "--sandbox",
+                "box",
+            ],
+        ),
+        missing,
+    );
+    assert_configuration_error(
+        &router(
+            &config,
+            &[
+                "mint-token",
+                "--signing-key-file",
+                missing,
+                "--sandbox",
+                "a.b",
+            ],
+        ),
+        "a.b",
+    );
+}
