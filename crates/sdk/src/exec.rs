@@ -290,7 +290,10 @@ impl OutputFollower {
     async fn failed(&mut self, error: Error) -> Option<Result<ExecEvent>> {
         let retryable = matches!(
             error,
-            Error::Transport { .. } | Error::Timeout { .. } | Error::RetriesExhausted { .. }
+            Error::Transport { .. }
+                | Error::RouterUnreachable { .. }
+                | Error::Timeout { .. }
+                | Error::RetriesExhausted { .. }
         ) || matches!(error.status(), Some(502..=504));
         self.failures += 1;
         if !retryable || self.failures > MAX_RECONNECTS {
