@@ -463,7 +463,8 @@ impl Sandbox {
             "exec".to_owned(),
             self.sandbox_name().to_owned(),
             Some(deadline),
-        ))
+        )
+        .collecting_at_most(self.inner.options.max_response_bytes))
     }
 
     /// Starts a background process (`POST /v1/processes`); it runs until it exits, is signalled
@@ -497,7 +498,7 @@ impl Sandbox {
         let call = self.call(
             format!("get process {id}"),
             Method::GET,
-            process_path(id, ""),
+            process_path(id, "")?,
             Payload::Empty,
         );
         self.send_json(call).await
@@ -524,7 +525,7 @@ impl Sandbox {
         let mut call = self.call(
             format!("read output of process {id}"),
             Method::GET,
-            process_path(id, &format!("/output?offset={offset}&follow={follow}")),
+            process_path(id, &format!("/output?offset={offset}&follow={follow}"))?,
             Payload::Empty,
         );
         if follow {
@@ -537,7 +538,8 @@ impl Sandbox {
             format!("output of process {id}"),
             self.sandbox_name().to_owned(),
             None,
-        ))
+        )
+        .collecting_at_most(self.inner.options.max_response_bytes))
     }
 
     /// Sends a signal (`"TERM"`, `"KILL"`, `"INT"`, ... or a number as text) to a background
@@ -550,7 +552,7 @@ impl Sandbox {
         let call = self.call(
             format!("signal process {id}"),
             Method::POST,
-            process_path(id, "/signal"),
+            process_path(id, "/signal")?,
             Payload::Bytes(json_body(&SignalRequest { signal })?, "application/json"),
         );
         self.send_json(call).await
@@ -562,7 +564,7 @@ impl Sandbox {
         let mut call = self.call(
             format!("write stdin of process {id}"),
             Method::POST,
-            process_path(id, &format!("/stdin?eof={eof}")),
+            process_path(id, &format!("/stdin?eof={eof}"))?,
             Payload::Bytes(data.into(), "application/octet-stream"),
         );
         call.retry = RetryPolicy::never();
@@ -575,7 +577,7 @@ impl Sandbox {
         let call = self.call(
             format!("kill process {id}"),
             Method::DELETE,
-            process_path(id, ""),
+            process_path(id, "")?,
             Payload::Empty,
         );
         self.send_empty(call).await
@@ -971,12 +973,20 @@ pub(crate) fn file_path(path: &str, query: &str) -> String {
     )
 }
 
-fn process_path(id: &str, rest: &str) -> String {
-    format!(
+/// `/v1/processes/<encoded id><rest>` (sans IO). An id that would be a dot segment (or
+/// nothing) is refused: a URL normaliser would turn `/v1/processes/..` into `/v1/`.
+fn process_path(id: &str, rest: &str) -> Result<String> {
+    if id.is_empty() || id == "." || id == ".." {
+        return Err(Error::InvalidOption {
+            option: "process id",
+            message: format!("{id:?} is not a process id"),
+        });
+    }
+    Ok(format!(
         "{}/{}{rest}",
         v1::paths::PROCESSES,
         utf8_percent_encode(id, PATH)
-    )
+    ))
 }
 
 #[cfg(test)]

@@ -391,3 +391,58 @@ async fn a_file_whose_length_lies_leaves_nothing_behind() {
     assert_eq!(tree(scratch.path()), [] as [&str; 0]);
     sim.stop().await;
 }
+
+#[tokio::test]
+async fn collected_output_is_capped_and_process_ids_are_never_dot_segments() {
+    // A command whose output never ends.
+    let fake = FakeRouter::start(|_| {
+        let line = serde_json::to_string(&agent_sandbox::ExecEvent::Stdout(
+            agent_sandbox::OutputChunk::from_bytes(0, &[b'x'; 32 * 1024]),
+        ))
+        .unwrap()
+            + "\n";
+        let line = bytes::Bytes::from(line);
+        let events = futures_util::stream::repeat_with(move || {
+            Ok::<_, agent_sandbox::harness::FakeBoxError>(hyper::body::Frame::data(line.clone()))
+        });
+        let mut response = http::Response::new(http_body_util::BodyExt::boxed_unsync(
+            http_body_util::StreamBody::new(events),
+        ));
+        response.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/x-ndjson"),
+        );
+        response
+    })
+    .await
+    .unwrap();
+    let options = ClientOptions::default().max_response_bytes(1024 * 1024);
+    let (sim, sandbox) = attach(&fake, options).await;
+    let stream = sandbox
+        .exec_stream(agent_sandbox::ExecOptions::shell("yes").timeout(Duration::from_secs(1)))
+        .await
+        .unwrap();
+    let error = stream.collect_output().await.err();
+    assert!(
+        matches!(
+            &error,
+            Some(Error::ResponseTooLarge {
+                limit: 1_048_576,
+                ..
+            })
+        ),
+        "{error:?}"
+    );
+    let before = fake.requests().len();
+    for id in ["..", ".", ""] {
+        assert!(
+            matches!(
+                sandbox.kill_process(id).await,
+                Err(Error::InvalidOption { .. })
+            ),
+            "{id:?}"
+        );
+    }
+    assert_eq!(fake.requests().len(), before);
+    sim.stop().await;
+}
