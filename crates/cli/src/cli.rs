@@ -9,6 +9,10 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::output::Format;
 
+/// Lifetime of a claim made by `claim` and `run` unless `--ttl` says otherwise, so that a
+/// client killed before it deletes its claim leaves nothing for ever.
+pub const DEFAULT_CLAIM_TTL: &str = "1h";
+
 /// Environment variable holding the router URL (`--router-url`).
 pub const ENV_ROUTER_URL: &str = "SANDBOX_ROUTER_URL";
 /// Environment variable holding a router bearer token (`--router-token`).
@@ -16,8 +20,47 @@ pub const ENV_ROUTER_TOKEN: &str = "SANDBOX_ROUTER_TOKEN";
 /// Environment variable naming the router's signing key file (`--signing-key-file`).
 pub const ENV_SIGNING_KEY_FILE: &str = "SANDBOX_ROUTER_SIGNING_KEY_FILE";
 
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    agent_sandbox_controller::config::parse_duration(text)
+/// The longest duration any flag takes: [`agent_sandbox::MAX_TTL`], 10 years. A claim or token
+/// can not outlive it, and no deadline arithmetic can overflow below it.
+pub const MAX_DURATION: Duration = agent_sandbox::MAX_TTL;
+/// [`MAX_DURATION`] as the errors name it.
+pub const MAX_DURATION_TEXT: &str = "87600h (10 years)";
+
+/// Parses a duration flag: a decimal number with a unit `ms`, `s`, `m` or `h` (`500ms`, `30s`,
+/// `1.5h`; a bare number is seconds), at most [`MAX_DURATION`]. Longer, even too long to
+/// represent, is an error naming the maximum, never a silently different duration.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (number, unit) = text
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .map_or((text, "s"), |at| text.split_at(at));
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("invalid duration {text:?}: expected e.g. 500ms, 30s, 5m, 1h"))?;
+    let unit_seconds = match unit {
+        "ms" => 0.001,
+        "s" => 1.0,
+        "m" => 60.0,
+        "h" => 3600.0,
+        _ => {
+            return Err(format!(
+                "invalid duration unit in {text:?}: use ms, s, m or h"
+            ));
+        }
+    };
+    let seconds = value * unit_seconds;
+    if !seconds.is_finite() || seconds > MAX_DURATION.as_secs_f64() {
+        return Err(format!(
+            "duration {text:?} is too long: the maximum is {MAX_DURATION_TEXT}"
+        ));
+    }
+    Duration::try_from_secs_f64(seconds).map_err(|_| format!("invalid duration {text:?}"))
+}
+
+/// A path flag that may come from an environment variable: an empty value parses (as an empty
+/// path, which [`GlobalArgs::without_empty`] turns into "unset").
+fn path_or_empty(text: &str) -> Result<PathBuf, String> {
+    Ok(PathBuf::from(text))
 }
 
 /// Sandboxes for AI-agent code: a local cluster with no Docker, one-shot runs, and day-to-day
@@ -54,7 +97,8 @@ pub struct GlobalArgs {
         global = true,
         env = "KUBECONFIG",
         value_name = "PATH",
-        hide_env_values = true
+        hide_env_values = true,
+        value_parser = path_or_empty
     )]
     pub kubeconfig: Option<PathBuf>,
     /// Kubeconfig context (default: the current context).
@@ -74,8 +118,23 @@ pub struct GlobalArgs {
     pub router_token: Option<String>,
     /// Router signing key: mint a scoped token per sandbox automatically (`sandboxctl dev`
     /// prints it).
-    #[arg(long, global = true, env = ENV_SIGNING_KEY_FILE, value_name = "PATH", hide_env_values = true)]
+    #[arg(long, global = true, env = ENV_SIGNING_KEY_FILE, value_name = "PATH", hide_env_values = true, value_parser = path_or_empty)]
     pub signing_key_file: Option<PathBuf>,
+}
+
+impl GlobalArgs {
+    /// The flags with empty values (`SANDBOX_ROUTER_URL=` in the environment, `--router-url ''`)
+    /// as unset, as shells and CI systems mean them.
+    #[must_use]
+    pub fn without_empty(mut self) -> Self {
+        self.kubeconfig = self.kubeconfig.filter(|p| !p.as_os_str().is_empty());
+        self.context = self.context.filter(|c| !c.is_empty());
+        self.namespace = self.namespace.filter(|n| !n.is_empty());
+        self.router_url = self.router_url.filter(|u| !u.trim().is_empty());
+        self.router_token = self.router_token.filter(|t| !t.is_empty());
+        self.signing_key_file = self.signing_key_file.filter(|p| !p.as_os_str().is_empty());
+        self
+    }
 }
 
 /// A subcommand.
@@ -101,8 +160,11 @@ Ctrl-C deletes the claim.")]
     Run(RunArgs),
     /// Claim a sandbox from a warm pool and print the claim's name.
     #[command(after_help = "Examples:
-  sandboxctl claim --pool python
-  sandboxctl claim --pool python --ttl 2h -o json")]
+  sandboxctl claim --pool python                 # expires in 1h unless extended
+  sandboxctl claim --pool python --ttl 2h -o json
+  sandboxctl claim --pool python --ttl 0         # never expires: delete it yourself
+
+The claim's expiry is printed on stderr; `sandboxctl extend CLAIM DURATION` moves it.")]
     Claim(ClaimArgs),
     /// Run a command in a claimed sandbox (output streamed, exit code propagated).
     #[command(after_help = "Examples:
@@ -230,8 +292,9 @@ pub struct RunArgs {
     /// Warm pool to claim from.
     #[arg(long, default_value = crate::local::DEFAULT_POOL)]
     pub pool: String,
-    /// Delete the claim after this long even if this process is killed.
-    #[arg(long, value_parser = parse_duration, value_name = "DURATION", default_value = "1h")]
+    /// Delete the claim after this long even if this process is killed (0: never; at most
+    /// 87600h).
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION", default_value = DEFAULT_CLAIM_TTL)]
     pub ttl: Duration,
     /// Give up waiting for a ready sandbox after this long.
     #[arg(long, value_parser = parse_duration, value_name = "DURATION", default_value = "2m")]
@@ -250,9 +313,10 @@ pub struct ClaimArgs {
     /// Warm pool to claim from.
     #[arg(long)]
     pub pool: String,
-    /// Delete the claim (and its sandbox) after this long.
-    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
-    pub ttl: Option<Duration>,
+    /// Delete the claim (and its sandbox) after this long, even if nobody deletes it (0: never;
+    /// at most 87600h). `sandboxctl extend` moves it.
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION", default_value = DEFAULT_CLAIM_TTL)]
+    pub ttl: Duration,
     /// Give up waiting for a ready sandbox after this long.
     #[arg(long, value_parser = parse_duration, value_name = "DURATION", default_value = "2m")]
     pub wait_timeout: Duration,

@@ -24,6 +24,18 @@ pub struct Cluster {
     pub router_token: Option<String>,
     /// A signing key to mint a scoped token per sandbox.
     pub signing_key: Option<Vec<u8>>,
+    /// The API server's URL, for errors (`None` for clients built elsewhere).
+    pub api_url: Option<String>,
+}
+
+impl Cluster {
+    /// Where the router is reached, for the hints in router errors.
+    pub fn router_hint(&self) -> crate::error::RouterHint {
+        match &self.router_url {
+            Some(_) => crate::error::RouterHint::Url,
+            None => crate::error::RouterHint::PortForward(self.router_namespace.clone()),
+        }
+    }
 }
 
 impl std::fmt::Debug for Cluster {
@@ -32,6 +44,7 @@ impl std::fmt::Debug for Cluster {
             .field("namespace", &self.namespace)
             .field("router_url", &self.router_url)
             .field("router_namespace", &self.router_namespace)
+            .field("api_url", &self.api_url)
             .field(
                 "router_token",
                 &self.router_token.as_ref().map(|_| "<redacted>"),
@@ -101,10 +114,13 @@ impl Cluster {
             .namespace
             .clone()
             .unwrap_or_else(|| config.default_namespace.clone());
+        let api_url = config.cluster_url.to_string();
         let client = Client::try_from(config).map_err(|source| Error::Client {
             source: Box::new(source),
         })?;
-        Self::from_client(client, namespace, global)
+        let mut cluster = Self::from_client(client, namespace, global)?;
+        cluster.api_url = Some(api_url);
+        Ok(cluster)
     }
 
     /// A cluster from an existing client (the local cluster's).
@@ -129,6 +145,7 @@ impl Cluster {
             router_namespace: global.router_namespace.clone(),
             router_token: global.router_token.clone(),
             signing_key,
+            api_url: None,
         })
     }
 }

@@ -150,6 +150,62 @@ pub enum Error {
         /// Cause.
         source: std::io::Error,
     },
+    /// The Kubernetes API server could not be reached.
+    #[error(
+        "cannot reach the Kubernetes API server at {url}: {cause}; is the cluster running? check --kubeconfig / KUBECONFIG and --context"
+    )]
+    ApiUnreachable {
+        /// The API server URL.
+        url: String,
+        /// Why, in a few words.
+        cause: String,
+    },
+    /// The TLS handshake with the Kubernetes API server failed.
+    #[error(
+        "TLS handshake with the Kubernetes API server at {url} failed ({cause}); check the server URL and its certificate authority in the kubeconfig (--kubeconfig / KUBECONFIG, --context)"
+    )]
+    ApiTls {
+        /// The API server URL.
+        url: String,
+        /// The TLS error.
+        cause: String,
+    },
+    /// The router could not be reached.
+    #[error("cannot reach the router at {url}: {cause}; is the router running? {hint}")]
+    RouterUnreachable {
+        /// The router URL.
+        url: String,
+        /// Why, in a few words.
+        cause: String,
+        /// Which flag decides where the router is.
+        hint: String,
+    },
+    /// The TLS handshake with an `https://` router failed.
+    #[error(
+        "TLS handshake with the router at {url} failed ({cause}); if it serves plain HTTP, use http://; {hint}"
+    )]
+    RouterTls {
+        /// The router URL.
+        url: String,
+        /// The TLS error.
+        cause: String,
+        /// Which flag decides where the router is.
+        hint: String,
+    },
+    /// Something that is not a router answered at the router URL.
+    #[error(
+        "the server at {url} is not an agent-sandbox router (it answered HTTP {status} with {content_type}); {hint}"
+    )]
+    NotARouter {
+        /// The URL.
+        url: String,
+        /// Its status.
+        status: u16,
+        /// Its content type.
+        content_type: String,
+        /// Which flag decides where the router is.
+        hint: String,
+    },
     /// Output could not be rendered.
     #[error("failed to render the output as {format}: {message}")]
     Render {
@@ -158,6 +214,87 @@ pub enum Error {
         /// Why.
         message: String,
     },
+}
+
+impl Error {
+    /// Turns a failure to reach the API server or the router, wherever it happened (a kube
+    /// call, an SDK operation after its retries), into the one-line error that names the
+    /// endpoint and the flag that decides it. Other errors are returned as they are.
+    pub fn explained(self, api_url: Option<&str>, router: &RouterHint) -> Self {
+        let explained = match &self {
+            Self::Kube { source, .. } => api_failure(source, api_url),
+            Self::Client { source } => api_failure(source, api_url),
+            Self::Sdk { source, .. } => sdk_failure(source, api_url, router),
+            _ => None,
+        };
+        explained.unwrap_or(self)
+    }
+}
+
+/// Where the router is reached, for the hint in router errors.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RouterHint {
+    /// `--router-url` / `SANDBOX_ROUTER_URL`.
+    Url,
+    /// A port-forward to the router Service in this namespace.
+    PortForward(String),
+}
+
+impl RouterHint {
+    fn text(&self) -> String {
+        match self {
+            Self::Url => "check --router-url / SANDBOX_ROUTER_URL".to_owned(),
+            Self::PortForward(namespace) => format!(
+                "check --router-namespace (the router is reached by port-forward in namespace {namespace}) or pass --router-url"
+            ),
+        }
+    }
+}
+
+fn api_failure(source: &kube::Error, api_url: Option<&str>) -> Option<Error> {
+    let url = api_url.unwrap_or("(kubeconfig server)").to_owned();
+    match agent_sandbox::connect_failure(source)? {
+        agent_sandbox::ConnectFailure::Tls(cause) => Some(Error::ApiTls { url, cause }),
+        agent_sandbox::ConnectFailure::Unreachable(cause) => {
+            Some(Error::ApiUnreachable { url, cause })
+        }
+        _ => None,
+    }
+}
+
+fn sdk_failure(
+    source: &agent_sandbox::Error,
+    api_url: Option<&str>,
+    router: &RouterHint,
+) -> Option<Error> {
+    use agent_sandbox::Error as Sdk;
+    let hint = router.text();
+    match source.last_attempt() {
+        Sdk::OrphanedClaim { source, .. } => sdk_failure(source, api_url, router),
+        Sdk::Kube { source, .. } | Sdk::KubeConfig(source) => api_failure(source, api_url),
+        Sdk::RouterUnreachable { url, cause, .. } => Some(Error::RouterUnreachable {
+            url: url.clone(),
+            cause: cause.clone(),
+            hint,
+        }),
+        Sdk::RouterTls { url, cause, .. } => Some(Error::RouterTls {
+            url: url.clone(),
+            cause: cause.clone(),
+            hint,
+        }),
+        Sdk::NotARouter {
+            url,
+            status,
+            content_type,
+            ..
+        } => Some(Error::NotARouter {
+            url: url.clone(),
+            status: *status,
+            content_type: content_type.clone(),
+            hint,
+        }),
+        _ => None,
+    }
 }
 
 fn existing_pools(existing: &[String]) -> String {

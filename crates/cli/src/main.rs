@@ -13,8 +13,9 @@ fn main() -> ExitCode {
     let quiet_default = if matches!(cli.command, Command::Runtime(_)) {
         "info"
     } else {
-        // The CLI speaks for itself on stderr; libraries only warn.
-        "warn"
+        // The CLI speaks for itself on stderr (one line per error); libraries only warn, and
+        // kube's client does not log the failed requests the CLI reports anyway.
+        "warn,kube_client::client::builder=off"
     };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)

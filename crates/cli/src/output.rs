@@ -76,10 +76,33 @@ pub fn age(seconds: i64) -> String {
     }
 }
 
+/// A duration as a flag would spell it: `1h`, `90m`, `45s`, `1500ms`.
+pub fn duration(d: std::time::Duration) -> String {
+    let seconds = d.as_secs();
+    if d.subsec_nanos() != 0 {
+        format!("{}ms", d.as_millis())
+    } else if seconds != 0 && seconds.is_multiple_of(3600) {
+        format!("{}h", seconds / 3600)
+    } else if seconds != 0 && seconds.is_multiple_of(60) {
+        format!("{}m", seconds / 60)
+    } else {
+        format!("{seconds}s")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use pretty_assertions::assert_eq;
+
+    #[test]
+    fn durations_read_like_flags() {
+        let d = std::time::Duration::from_millis;
+        assert_eq!(duration(d(3_600_000)), "1h");
+        assert_eq!(duration(d(5_400_000)), "90m");
+        assert_eq!(duration(d(45_000)), "45s");
+        assert_eq!(duration(d(1_500)), "1500ms");
+    }
 
     #[test]
     fn columns_are_padded_to_the_widest_cell() {

@@ -121,6 +121,11 @@ impl Drop for ChildGuard {
     }
 }
 
+async fn claim_named(cluster: &LocalCluster, name: &str) -> SandboxClaim {
+    let api: Api<SandboxClaim> = Api::namespaced(cluster.client(), "default");
+    api.get(name).await.unwrap()
+}
+
 async fn claims(cluster: &LocalCluster) -> Vec<SandboxClaim> {
     let api: Api<SandboxClaim> = Api::namespaced(cluster.client(), "default");
     api.list(&ListParams::default()).await.unwrap().items
@@ -218,6 +223,48 @@ async fn claim_exec_list_extend_logs_token_and_delete() {
     command.args(["claim", "--pool", "python", "--ttl", "30m"]);
     let claim = ok(&output(command).await).trim().to_owned();
     assert!(claim.starts_with("sandbox-claim-"), "{claim}");
+
+    // Without --ttl a claim expires in 1h, and stderr says so; --ttl 0 opts out.
+    let mut command = ctl(&cluster, home.path());
+    command.args(["claim", "--pool", "python"]);
+    let out = output(command).await;
+    let defaulted = ok(&out).trim().to_owned();
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(&format!("claim {defaulted} expires at "))
+            && stderr.contains("(in 1h); extend with `sandboxctl extend")
+            && stderr.contains("--ttl 0 for none"),
+        "{stderr}"
+    );
+    let object = claim_named(&cluster, &defaulted).await;
+    let requested: jiff::Timestamp = object.metadata.annotations.as_ref().unwrap()
+        [agent_sandbox_api::annotations::CLIENT_FIRST_REQUESTED_AT]
+        .parse()
+        .unwrap();
+    let expires = object.spec.lifecycle.unwrap().shutdown_time.unwrap().0;
+    // shutdownTime = request time + 1h, in whole seconds.
+    let ttl = expires.as_second() - requested.as_second();
+    assert!((3599..=3600).contains(&ttl), "{requested} -> {expires}");
+    let mut command = ctl(&cluster, home.path());
+    command.args(["claim", "--pool", "python", "--ttl", "0", "-o", "json"]);
+    let out = output(command).await;
+    let forever: serde_json::Value = serde_json::from_str(&ok(&out)).unwrap();
+    let forever = forever["claim"].as_str().unwrap().to_owned();
+    assert!(
+        text(&out.stderr).contains(&format!("claim {forever} never expires (--ttl 0)")),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(
+        claim_named(&cluster, &forever)
+            .await
+            .spec
+            .lifecycle
+            .is_none()
+    );
+    let mut command = ctl(&cluster, home.path());
+    command.args(["delete", &defaulted, &forever]);
+    ok(&output(command).await);
 
     // Shell semantics by default, the command's exit code otherwise.
     let mut command = ctl(&cluster, home.path());

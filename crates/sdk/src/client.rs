@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use crate::connection::Connector;
 use crate::error::{Error, Result};
-use crate::options::{ClientOptions, CreateOptions, Progress};
+use crate::options::{ClientOptions, CreateOptions, Progress, check_ttl};
 use crate::sandbox::{Identity, Sandbox};
 
 /// A claim this client created: `(namespace, claim name)`.
@@ -169,7 +169,7 @@ impl Client {
         options: CreateOptions,
     ) -> Result<Sandbox> {
         let namespace = self.namespace().to_owned();
-        let claim = claim_object(warm_pool, &options, Timestamp::now());
+        let claim = claim_object(warm_pool, &options, Timestamp::now())?;
         let created = self
             .claims()
             .create(&PostParams::default(), &claim)
@@ -277,6 +277,12 @@ impl Client {
             sandbox: sandbox_name,
             pod: pod_name,
             pod_ip,
+            shutdown_time: claim
+                .spec
+                .lifecycle
+                .as_ref()
+                .and_then(|l| l.shutdown_time.as_ref())
+                .map(|t| t.0),
         };
         let sandbox = Sandbox::new(
             identity,
@@ -299,7 +305,10 @@ impl Client {
         options: &CreateOptions,
     ) -> Result<SandboxClaim> {
         let namespace = self.namespace().to_owned();
-        let deadline = Instant::now() + timeout;
+        // A timeout too long for the clock waits "forever" (a century), never panics.
+        let deadline = Instant::now()
+            .checked_add(timeout)
+            .unwrap_or_else(|| Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600));
         let mut last = created;
         let mut last_reported = String::new();
         let mut assigned = false;
@@ -554,24 +563,38 @@ fn progress(options: &CreateOptions, step: Progress) {
     }
 }
 
+/// `now + ttl`, for a `ttl` of at most [`MAX_TTL`](crate::MAX_TTL): an error naming the
+/// maximum otherwise, never a missing or saturated time.
+pub(crate) fn expiry(option: &'static str, now: Timestamp, ttl: Duration) -> Result<Timestamp> {
+    let ttl = check_ttl(option, ttl)?;
+    let out_of_range = |e: jiff::Error| Error::InvalidOption {
+        option,
+        message: format!("now + {}s is not a valid time: {e}", ttl.as_secs()),
+    };
+    let signed = jiff::SignedDuration::try_from(ttl).map_err(out_of_range)?;
+    now.checked_add(signed).map_err(out_of_range)
+}
+
 /// The claim `create_sandbox` writes (sans IO).
-pub(crate) fn claim_object(pool: &str, options: &CreateOptions, now: Timestamp) -> SandboxClaim {
+pub(crate) fn claim_object(
+    pool: &str,
+    options: &CreateOptions,
+    now: Timestamp,
+) -> Result<SandboxClaim> {
     let mut claim_labels = options.labels.clone();
     claim_labels.insert(
         labels::CREATED_BY.to_owned(),
         labels::CREATED_BY_RUST_CLIENT.to_owned(),
     );
-    let lifecycle = options.shutdown_after.and_then(|after| {
-        let at = now
-            .checked_add(jiff::SignedDuration::try_from(after).ok()?)
-            .ok()?;
-        Some(ClaimLifecycle {
-            shutdown_time: Some(Time(at)),
+    let lifecycle = match options.shutdown_after {
+        None => None,
+        Some(after) => Some(ClaimLifecycle {
+            shutdown_time: Some(Time(expiry("shutdown_after", now, after)?)),
             ttl_seconds_after_finished: None,
             shutdown_policy: ClaimShutdownPolicy::Delete,
-        })
-    });
-    SandboxClaim {
+        }),
+    };
+    Ok(SandboxClaim {
         metadata: ObjectMeta {
             generate_name: Some("sandbox-claim-".to_owned()),
             labels: Some(claim_labels),
@@ -593,7 +616,7 @@ pub(crate) fn claim_object(pool: &str, options: &CreateOptions, now: Timestamp) 
             ..SandboxClaimSpec::default()
         },
         status: None,
-    }
+    })
 }
 
 /// Where a claim is (sans IO).
@@ -756,9 +779,7 @@ pub(crate) async fn extend_claim(
                 namespace: namespace.to_owned(),
                 claim: claim.to_owned(),
             })?;
-        let at = Timestamp::now()
-            .checked_add(jiff::SignedDuration::try_from(ttl).unwrap_or(jiff::SignedDuration::MAX))
-            .unwrap_or(Timestamp::MAX);
+        let at = expiry("ttl", Timestamp::now(), ttl)?;
         let mut lifecycle = object.spec.lifecycle.take().unwrap_or_default();
         lifecycle.shutdown_time = Some(Time(at));
         lifecycle.shutdown_policy = ClaimShutdownPolicy::Delete;
@@ -781,9 +802,7 @@ pub(crate) async fn extend_claim(
 
 /// Mints a scoped router token for `namespace/sandbox`, valid for `ttl`.
 pub fn mint_token(key: &[u8], namespace: &str, sandbox: &str, ttl: Duration) -> Result<String> {
-    let expires = Timestamp::now()
-        .as_second()
-        .saturating_add(i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX));
+    let expires = expiry("token ttl", Timestamp::now(), ttl)?.as_second();
     let token_error = |source| Error::Token {
         namespace: namespace.to_owned(),
         sandbox: sandbox.to_owned(),
@@ -813,7 +832,8 @@ mod tests {
             "pool",
             &CreateOptions::default().shutdown_after(Duration::from_secs(60)),
             now,
-        );
+        )
+        .unwrap();
         assert_eq!(
             serde_json::to_value(&claim).unwrap_or_default(),
             json!({
@@ -829,8 +849,46 @@ mod tests {
         );
     }
 
+    #[test]
+    fn an_expiry_beyond_the_maximum_is_an_error_never_a_claim_without_one() {
+        let now: Timestamp = "2026-01-01T00:00:00Z"
+            .parse()
+            .unwrap_or(Timestamp::UNIX_EPOCH);
+        let hours = |h: u64| Duration::from_secs(h * 3600);
+        // 100000000h is ~11400 years: past jiff's (and RFC 3339's) year 9999.
+        for too_long in [hours(100_000_000), hours(87_601), Duration::MAX] {
+            let claim = claim_object(
+                "pool",
+                &CreateOptions::default().shutdown_after(too_long),
+                now,
+            );
+            let message = claim.err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(
+                message.contains("87600h (10 years)"),
+                "{too_long:?}: {message}"
+            );
+            assert!(expiry("ttl", now, too_long).is_err());
+            assert!(mint_token(&[b'k'; 32], "ns", "sb", too_long).is_err());
+        }
+        let longest = claim_object(
+            "pool",
+            &CreateOptions::default().shutdown_after(hours(87_600)),
+            now,
+        )
+        .unwrap();
+        assert_eq!(
+            longest
+                .spec
+                .lifecycle
+                .and_then(|l| l.shutdown_time)
+                .map(|t| t.0.to_string()),
+            Some("2035-12-30T00:00:00Z".to_owned())
+        );
+    }
+
     fn with_ready(status: &str, reason: &str, sandbox: &str) -> SandboxClaim {
-        let mut claim = claim_object("p", &CreateOptions::default(), Timestamp::UNIX_EPOCH);
+        let mut claim =
+            claim_object("p", &CreateOptions::default(), Timestamp::UNIX_EPOCH).unwrap();
         let mut s = agent_sandbox_api::claim::SandboxClaimStatus::default();
         s.sandbox.name = sandbox.to_owned();
         s.conditions.push(Condition {

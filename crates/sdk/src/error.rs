@@ -192,6 +192,115 @@ pub enum Error {
         last: Box<Error>,
     },
 
+    /// The router could not be reached: connection refused, no such host, or the connection
+    /// was not established within the connect timeout. Retried like other connection errors.
+    #[error("{operation} on sandbox {sandbox}: cannot reach the router at {url}: {cause}")]
+    RouterUnreachable {
+        /// The operation.
+        operation: String,
+        /// The sandbox.
+        sandbox: String,
+        /// The router base URL.
+        url: String,
+        /// What happened, in a few words (`connection refused`).
+        cause: String,
+        /// The underlying error.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+
+    /// The TLS handshake with an `https://` router failed (e.g. the server speaks plain HTTP,
+    /// or its certificate is not trusted). Not retried.
+    #[error(
+        "{operation} on sandbox {sandbox}: TLS handshake with the router at {url} failed ({cause})"
+    )]
+    RouterTls {
+        /// The operation.
+        operation: String,
+        /// The sandbox.
+        sandbox: String,
+        /// The router base URL.
+        url: String,
+        /// The TLS error.
+        cause: String,
+        /// The underlying error.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+
+    /// The server at the router URL answered, but not as the router or a runtime does: an
+    /// answer that is not JSON where JSON was due (an HTML error page, a proxy's text). The
+    /// URL most likely points at something else.
+    #[error(
+        "{operation} on sandbox {sandbox}: the server at {url} is not an agent-sandbox router (it answered HTTP {status} with {content_type})"
+    )]
+    NotARouter {
+        /// The operation.
+        operation: String,
+        /// The sandbox.
+        sandbox: String,
+        /// The router base URL.
+        url: String,
+        /// The status it answered with.
+        status: u16,
+        /// The content type of its answer.
+        content_type: String,
+    },
+
+    /// A buffered answer (a listing, a command's result, [`Sandbox::read`](crate::Sandbox::read))
+    /// was, or claimed to be, larger than `ClientOptions::max_response_bytes`; the rest was not
+    /// read.
+    #[error(
+        "{operation} on sandbox {sandbox}: the answer is larger than {limit} bytes (ClientOptions::max_response_bytes); stream large files with download() instead"
+    )]
+    ResponseTooLarge {
+        /// The operation.
+        operation: String,
+        /// The sandbox.
+        sandbox: String,
+        /// The limit.
+        limit: u64,
+    },
+
+    /// A sandbox path was refused before anything was sent: it leads outside the base
+    /// directory, contains a NUL byte, or names the base directory itself for a mutating
+    /// operation (write, upload, mkdir, remove).
+    #[error("refusing to {operation} {path:?} in the sandbox: {reason}")]
+    InvalidPath {
+        /// The operation (`remove`, `list`, ...).
+        operation: &'static str,
+        /// The path as given.
+        path: String,
+        /// Why.
+        reason: &'static str,
+    },
+
+    /// The sandbox sent a name that is not one normal path component (`../x`, `/abs`, `a/b`,
+    /// `..`, `.`, empty, or with a NUL byte). Nothing was written for it.
+    #[error(
+        "{operation} on sandbox {sandbox}: refusing the entry name {name:?} the sandbox sent: {reason}"
+    )]
+    UnsafeName {
+        /// The operation.
+        operation: String,
+        /// The sandbox.
+        sandbox: String,
+        /// The name as received.
+        name: String,
+        /// Why.
+        reason: &'static str,
+    },
+
+    /// A download would have written through a symlink in its local destination, or something
+    /// else is in the way. Nothing was written there.
+    #[error("refusing to write {path}: {reason}")]
+    UnsafeDestination {
+        /// The local path.
+        path: String,
+        /// Why, and what to do.
+        reason: &'static str,
+    },
+
     /// The operation did not finish before its deadline.
     #[error("{operation} on sandbox {sandbox} timed out after {after:?}")]
     Timeout {
@@ -267,6 +376,15 @@ impl Error {
             Self::Http { status, .. } => Some(*status),
             Self::RetriesExhausted { last, .. } => last.status(),
             _ => None,
+        }
+    }
+
+    /// The error of the last attempt, for [`Error::RetriesExhausted`] (else `self`): what to
+    /// match on to learn why a retried operation failed.
+    pub fn last_attempt(&self) -> &Error {
+        match self {
+            Self::RetriesExhausted { last, .. } => last.last_attempt(),
+            other => other,
         }
     }
 

@@ -26,6 +26,8 @@ type EventStream = Pin<Box<dyn Stream<Item = Result<ExecEvent>> + Send>>;
 /// produced. Also a [`Stream`] of `Result<ExecEvent>`.
 pub struct ExecStream {
     events: EventStream,
+    /// What [`ExecStream::collect_output`] keeps at most, with the names for its error.
+    collect_limit: (u64, String, String),
 }
 
 impl std::fmt::Debug for ExecStream {
@@ -69,6 +71,7 @@ impl ExecStream {
         sandbox: String,
         deadline: Option<Duration>,
     ) -> Self {
+        let (operation_name, sandbox_name) = (operation.clone(), sandbox.clone());
         let state = LineState {
             body,
             buffer: BytesMut::new(),
@@ -106,7 +109,16 @@ impl ExecStream {
             },
         );
         let events: EventStream = Box::pin(events);
-        Self { events }
+        Self {
+            events,
+            collect_limit: (u64::MAX, operation_name, sandbox_name),
+        }
+    }
+
+    /// Caps what [`ExecStream::collect_output`] buffers (stdout and stderr together).
+    pub(crate) fn collecting_at_most(mut self, limit: u64) -> Self {
+        self.collect_limit.0 = limit;
+        self
     }
 
     /// The next event; `None` at the end of the stream.
@@ -114,15 +126,26 @@ impl ExecStream {
         self.events.next().await
     }
 
-    /// Reads the stream to its end and returns the output and exit.
+    /// Reads the stream to its end and returns the output and exit. At most
+    /// `ClientOptions::max_response_bytes` of output is kept: a sandbox that sends more is
+    /// [`Error::ResponseTooLarge`] (read the events one by one to handle more).
     pub async fn collect_output(mut self) -> Result<ExecOutput> {
         let mut output = ExecOutput::default();
+        let (limit, operation, sandbox) = std::mem::take(&mut self.collect_limit);
         while let Some(event) = self.next_event().await {
             match event? {
                 ExecEvent::Stdout(chunk) => output.stdout.extend(chunk.bytes().unwrap_or_default()),
                 ExecEvent::Stderr(chunk) => output.stderr.extend(chunk.bytes().unwrap_or_default()),
                 ExecEvent::Exit(exit) => output.exit = Some(exit),
                 _ => {}
+            }
+            let kept = output.stdout.len().saturating_add(output.stderr.len());
+            if u64::try_from(kept).unwrap_or(u64::MAX) > limit {
+                return Err(Error::ResponseTooLarge {
+                    operation,
+                    sandbox,
+                    limit,
+                });
             }
         }
         Ok(output)
@@ -290,7 +313,10 @@ impl OutputFollower {
     async fn failed(&mut self, error: Error) -> Option<Result<ExecEvent>> {
         let retryable = matches!(
             error,
-            Error::Transport { .. } | Error::Timeout { .. } | Error::RetriesExhausted { .. }
+            Error::Transport { .. }
+                | Error::RouterUnreachable { .. }
+                | Error::Timeout { .. }
+                | Error::RetriesExhausted { .. }
         ) || matches!(error.status(), Some(502..=504));
         self.failures += 1;
         if !retryable || self.failures > MAX_RECONNECTS {
@@ -334,7 +360,9 @@ impl Download {
         }
     }
 
-    /// The file's size, when the runtime sent it.
+    /// The file's size as the server claims it (`Content-Length`), when it sent one. A
+    /// sandbox is untrusted: never size a buffer by it (the stream ends with an error when
+    /// the body does not match it).
     pub fn content_length(&self) -> Option<u64> {
         self.length
     }

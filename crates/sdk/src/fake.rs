@@ -57,11 +57,21 @@ impl Default for FakeSandbox {
     }
 }
 
+/// The key of `path` in the file map: the SDK's normal form (the same paths are refused as by
+/// a real [`Sandbox`](crate::Sandbox)), without a leading `/` (the fake has no base directory
+/// of its own).
+fn key(operation: &'static str, path: &str, mutate: bool) -> Result<String> {
+    let normal = if mutate {
+        crate::paths::normalize_mutable_path(operation, path)?
+    } else {
+        crate::paths::normalize_path(operation, path)?
+    };
+    Ok(normal.trim_start_matches('/').to_owned())
+}
+
+/// [`key`] for the fake's own setters and getters, which take what a test wrote.
 fn normalize(path: &str) -> String {
-    path.trim_start_matches("./")
-        .trim_start_matches('/')
-        .trim_end_matches('/')
-        .to_owned()
+    key("use", path, false).unwrap_or_else(|_| path.to_owned())
 }
 
 impl FakeSandbox {
@@ -216,18 +226,19 @@ impl SandboxHandle for FakeSandbox {
     }
     async fn write(&self, path: &str, data: Bytes) -> Result<()> {
         self.check()?;
-        self.state().files.insert(normalize(path), data);
+        let key = key("write", path, true)?;
+        self.state().files.insert(key, data);
         Ok(())
     }
     async fn read(&self, path: &str) -> Result<Bytes> {
         self.check()?;
-        let file = self.state().files.get(&normalize(path)).cloned();
+        let key = key("read", path, false)?;
+        let file = self.state().files.get(&key).cloned();
         file.ok_or_else(|| self.not_found("read", path))
     }
     async fn list(&self, path: &str) -> Result<Vec<FileEntry>> {
         self.check()?;
-        let dir = normalize(path);
-        let dir = if dir == "." { String::new() } else { dir };
+        let dir = key("list", path, false)?;
         let state = self.state();
         if !Self::is_dir(&state, &dir) {
             drop(state);
@@ -278,13 +289,13 @@ impl SandboxHandle for FakeSandbox {
     }
     async fn exists(&self, path: &str) -> Result<bool> {
         self.check()?;
-        let path = normalize(path);
+        let path = key("stat", path, false)?;
         let state = self.state();
         Ok(state.files.contains_key(&path) || Self::is_dir(&state, &path))
     }
     async fn remove(&self, path: &str, recursive: bool) -> Result<()> {
         self.check()?;
-        let key = normalize(path);
+        let key = key("remove", path, true)?;
         let mut state = self.state();
         if state.files.remove(&key).is_some() {
             return Ok(());
@@ -310,7 +321,7 @@ impl SandboxHandle for FakeSandbox {
     }
     async fn mkdir(&self, path: &str) -> Result<()> {
         self.check()?;
-        let key = normalize(path);
+        let key = key("mkdir", path, true)?;
         let mut state = self.state();
         let mut so_far = String::new();
         for part in key.split('/').filter(|p| !p.is_empty()) {
@@ -357,6 +368,19 @@ mod tests {
         fake.remove("src", true).await.unwrap();
         assert!(!fake.exists("src/lib/x.py").await.unwrap());
         assert!(fake.read("nope").await.unwrap_err().is_not_found());
+        // The same paths are refused as by a real sandbox.
+        fake.write("keep", "k".into()).await.unwrap();
+        for base in ["", ".", "keep/.."] {
+            assert!(matches!(
+                fake.remove(base, true).await,
+                Err(Error::InvalidPath { .. })
+            ));
+        }
+        assert!(matches!(
+            fake.read("../x").await,
+            Err(Error::InvalidPath { .. })
+        ));
+        assert_eq!(fake.read("./x/../keep").await.unwrap(), Bytes::from("k"));
 
         fake.disconnect().await;
         assert!(!fake.is_ready());

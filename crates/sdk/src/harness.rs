@@ -5,6 +5,13 @@
 //!
 //! Dropping the [`Harness`] stops the controller and router tasks and the sim, which kills
 //! every pod process.
+//!
+//! [`FakeRouter`] and [`ready_claim`] play a hostile or broken sandbox behind a direct URL,
+//! without a controller or runtime pods.
+
+mod fake_router;
+
+pub use fake_router::{FakeBody, FakeBoxError, FakeRequest, FakeRouter, ready_claim};
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

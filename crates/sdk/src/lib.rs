@@ -42,6 +42,7 @@ mod error;
 mod exec;
 mod handle;
 mod options;
+mod paths;
 mod sandbox;
 mod transport;
 
@@ -58,7 +59,9 @@ pub use error::{Error, Result};
 pub use exec::{Download, ExecOutput, ExecStream, OutputFollower};
 pub use handle::SandboxHandle;
 pub use options::{
-    ClientOptions, ConnectionMode, CreateOptions, ExecOptions, Progress, ProgressFn, RetryPolicy,
-    SCOPED_TOKEN_TTL, SigningKey,
+    ClientOptions, ConnectionMode, CreateOptions, DEFAULT_MAX_RESPONSE_BYTES, ExecOptions, MAX_TTL,
+    Progress, ProgressFn, RetryPolicy, SCOPED_TOKEN_TTL, SigningKey,
 };
-pub use sandbox::{ExecutionResult, Sandbox};
+pub use paths::{normalize_mutable_path, normalize_path};
+pub use sandbox::{DirDownload, ExecutionResult, MAX_DOWNLOAD_DEPTH, Sandbox};
+pub use transport::{ConnectFailure, connect_failure};

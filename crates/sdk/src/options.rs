@@ -184,6 +184,39 @@ pub struct ClientOptions {
     /// minted for its own sandbox (valid [`SCOPED_TOKEN_TTL`]) and `router_token` is not used.
     /// For orchestrators and operators trusted with the key, not for code an agent controls.
     pub router_signing_key: Option<SigningKey>,
+    /// Largest answer the SDK buffers in memory (default [`DEFAULT_MAX_RESPONSE_BYTES`],
+    /// 256 MiB): listings, command results, [`Sandbox::read`](crate::Sandbox::read). A larger
+    /// answer, or one whose `Content-Length` claims more, is
+    /// [`Error::ResponseTooLarge`](crate::Error::ResponseTooLarge) before it is buffered.
+    /// Streams ([`Sandbox::download`](crate::Sandbox::download), `exec_stream`) are not
+    /// buffered and have no such cap.
+    pub max_response_bytes: u64,
+}
+
+/// Default of [`ClientOptions::max_response_bytes`]: 256 MiB, above the largest `/execute`
+/// answer of a default runtime (16 MiB per stream, JSON-escaped).
+pub const DEFAULT_MAX_RESPONSE_BYTES: u64 = 256 * 1024 * 1024;
+
+/// The longest lifetime the SDK gives a claim or a token: 10 years (87600 h). Longer
+/// durations are an error naming it, never a silently missing expiry; times this far ahead fit
+/// every RFC 3339 timestamp and the controller's arithmetic with centuries to spare.
+pub const MAX_TTL: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+
+/// How [`MAX_TTL`] is named in errors.
+pub(crate) const MAX_TTL_TEXT: &str = "87600h (10 years)";
+
+/// Checks a lifetime against [`MAX_TTL`], for the option named `option`.
+pub(crate) fn check_ttl(option: &'static str, ttl: Duration) -> crate::Result<Duration> {
+    if ttl > MAX_TTL {
+        return Err(crate::Error::InvalidOption {
+            option,
+            message: format!(
+                "{}s is longer than the maximum of {MAX_TTL_TEXT} (agent_sandbox::MAX_TTL)",
+                ttl.as_secs()
+            ),
+        });
+    }
+    Ok(ttl)
 }
 
 /// How long the tokens minted with [`ClientOptions::router_signing_key`] are valid (a fresh one
@@ -226,6 +259,7 @@ impl Default for ClientOptions {
             retry: RetryPolicy::default(),
             router_token: None,
             router_signing_key: None,
+            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
         }
     }
 }
@@ -286,6 +320,13 @@ impl ClientOptions {
         self
     }
 
+    /// Sets the largest answer buffered in memory.
+    #[must_use]
+    pub fn max_response_bytes(mut self, bytes: u64) -> Self {
+        self.max_response_bytes = bytes;
+        self
+    }
+
     /// Sets the cleanup budget.
     #[must_use]
     pub fn cleanup_timeout(mut self, timeout: Duration) -> Self {
@@ -327,7 +368,8 @@ pub type ProgressFn = Arc<dyn Fn(&Progress) + Send + Sync>;
 #[derive(Clone, Default)]
 #[non_exhaustive]
 pub struct CreateOptions {
-    /// Claim expiry: `spec.lifecycle.shutdownTime = now + shutdown_after`, policy `Delete`.
+    /// Claim expiry: `spec.lifecycle.shutdownTime = now + shutdown_after`, policy `Delete`;
+    /// at most [`MAX_TTL`] (longer is an error). `None`: the claim never expires.
     pub shutdown_after: Option<Duration>,
     /// Extra labels on the claim.
     pub labels: BTreeMap<String, String>,
@@ -510,7 +552,7 @@ impl ExecOptions {
     /// `default`.
     pub(crate) fn deadline(&self, default: Duration) -> Duration {
         match self.timeout {
-            Some(timeout) => timeout + Duration::from_secs(10),
+            Some(timeout) => timeout.saturating_add(Duration::from_secs(10)),
             None => default.max(Duration::from_secs(310)),
         }
     }
@@ -534,6 +576,18 @@ mod tests {
                 jittered >= Duration::from_millis(750) && jittered <= Duration::from_millis(1250)
             );
         }
+    }
+
+    #[test]
+    fn deadlines_saturate() {
+        let huge = ExecOptions::new("x").timeout(Duration::MAX);
+        assert_eq!(huge.deadline(Duration::from_secs(60)), Duration::MAX);
+        assert!(check_ttl("ttl", MAX_TTL).is_ok());
+        let error = check_ttl("ttl", MAX_TTL + Duration::from_secs(1)).err();
+        assert!(
+            error.is_some_and(|e| e.to_string().contains("87600h (10 years)")),
+            "the error names the maximum"
+        );
     }
 
     #[test]

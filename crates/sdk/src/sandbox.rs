@@ -23,6 +23,7 @@ use crate::connection::{Connection, Connector};
 use crate::error::{Error, Result};
 use crate::exec::{Download, ExecStream, OutputFollower};
 use crate::options::{ClientOptions, ExecOptions, RetryPolicy};
+
 use crate::transport::{Call, Payload, Target, reader_body};
 
 /// Characters escaped in a file path segment of a URL: everything but unreserved characters.
@@ -40,6 +41,8 @@ pub(crate) struct Identity {
     pub(crate) sandbox: String,
     pub(crate) pod: String,
     pub(crate) pod_ip: Option<String>,
+    /// The claim's `shutdownTime` when the handle was made.
+    pub(crate) shutdown_time: Option<Timestamp>,
 }
 
 /// The result of [`Sandbox::run`]: the command's output and exit status.
@@ -141,6 +144,8 @@ struct Inner {
     connector: Arc<Connector>,
     created: Arc<Mutex<BTreeSet<ClaimKey>>>,
     connection: Mutex<Option<Arc<Connection>>>,
+    /// The expiry as last known (from the claim, then from `extend_ttl`).
+    shutdown_time: Mutex<Option<Timestamp>>,
 }
 
 impl Sandbox {
@@ -155,10 +160,12 @@ impl Sandbox {
             sandbox: identity.sandbox.clone(),
             namespace: identity.namespace.clone(),
         };
+        let shutdown_time = Mutex::new(identity.shutdown_time);
         Self {
             inner: Arc::new(Inner {
                 identity,
                 target,
+                shutdown_time,
                 kube,
                 options,
                 connector,
@@ -191,6 +198,16 @@ impl Sandbox {
     /// The pod's IP (IPv4 preferred), when the claim reported one.
     pub fn pod_ip(&self) -> Option<&str> {
         self.inner.identity.pod_ip.as_deref()
+    }
+
+    /// When the claim expires (`spec.lifecycle.shutdownTime`), as of when this handle was made
+    /// or last moved by [`Sandbox::extend_ttl`]; `None` when it never expires.
+    pub fn shutdown_time(&self) -> Option<Timestamp> {
+        *self
+            .inner
+            .shutdown_time
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// (Re)connects to the router: after [`Sandbox::disconnect`], or when the port-forward
@@ -260,7 +277,13 @@ impl Sandbox {
     /// # }
     /// ```
     pub async fn extend_ttl(&self, ttl: Duration) -> Result<Timestamp> {
-        extend_claim(&self.inner.kube, self.namespace(), self.claim_name(), ttl).await
+        let at = extend_claim(&self.inner.kube, self.namespace(), self.claim_name(), ttl).await?;
+        *self
+            .inner
+            .shutdown_time
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(at);
+        Ok(at)
     }
 
     /// Mints a scoped router token for this sandbox (see
@@ -308,7 +331,26 @@ impl Sandbox {
             payload,
             timeout: self.inner.options.request_timeout,
             retry: self.inner.options.retry,
+            max_response_bytes: self.inner.options.max_response_bytes,
         }
+    }
+
+    /// `/v1/files/<normalised path><query>`, or [`Error::InvalidPath`] for a path that leads
+    /// out of the base directory (or, with `mutate`, names the base directory itself). See
+    /// [`file_path`].
+    fn file_path(
+        &self,
+        operation: &'static str,
+        path: &str,
+        query: &str,
+        mutate: bool,
+    ) -> Result<String> {
+        let normal = if mutate {
+            crate::paths::normalize_mutable_path(operation, path)
+        } else {
+            crate::paths::normalize_path(operation, path)
+        };
+        Ok(file_path(&normal?, query))
     }
 
     async fn send(&self, call: Call) -> Result<http::Response<hyper::body::Incoming>> {
@@ -321,7 +363,7 @@ impl Sandbox {
         let connection = self.connection()?;
         let bytes = connection
             .transport
-            .send_collect(&self.inner.target, call)
+            .send_collect(&self.inner.target, call, true)
             .await?;
         serde_json::from_slice(&bytes).map_err(|e| Error::Decode {
             operation,
@@ -334,9 +376,20 @@ impl Sandbox {
         let connection = self.connection()?;
         connection
             .transport
-            .send_collect(&self.inner.target, call)
+            .send_collect(&self.inner.target, call, false)
             .await
             .map(drop)
+    }
+
+    /// Sends `call` and checks that its answer is JSON (or NDJSON).
+    async fn send_json_stream(&self, call: Call) -> Result<http::Response<hyper::body::Incoming>> {
+        let operation = call.operation.clone();
+        let connection = self.connection()?;
+        let response = connection.transport.send(&self.inner.target, call).await?;
+        connection
+            .transport
+            .json_answer(&self.inner.target, &operation, response)
+            .await
     }
 
     /// Runs `command` (upstream's `/execute`: split shlex-style and run without a shell) and
@@ -404,13 +457,14 @@ impl Sandbox {
         );
         call.timeout = deadline;
         call.retry = RetryPolicy::attempts(options.max_attempts);
-        let response = self.send(call).await?;
+        let response = self.send_json_stream(call).await?;
         Ok(ExecStream::new(
             response.into_body(),
             "exec".to_owned(),
             self.sandbox_name().to_owned(),
             Some(deadline),
-        ))
+        )
+        .collecting_at_most(self.inner.options.max_response_bytes))
     }
 
     /// Starts a background process (`POST /v1/processes`); it runs until it exits, is signalled
@@ -444,7 +498,7 @@ impl Sandbox {
         let call = self.call(
             format!("get process {id}"),
             Method::GET,
-            process_path(id, ""),
+            process_path(id, "")?,
             Payload::Empty,
         );
         self.send_json(call).await
@@ -471,20 +525,21 @@ impl Sandbox {
         let mut call = self.call(
             format!("read output of process {id}"),
             Method::GET,
-            process_path(id, &format!("/output?offset={offset}&follow={follow}")),
+            process_path(id, &format!("/output?offset={offset}&follow={follow}"))?,
             Payload::Empty,
         );
         if follow {
             // The stream lasts as long as the process; the router's cap bounds it.
             call.timeout = Duration::from_secs(24 * 3600);
         }
-        let response = self.send(call).await?;
+        let response = self.send_json_stream(call).await?;
         Ok(ExecStream::new(
             response.into_body(),
             format!("output of process {id}"),
             self.sandbox_name().to_owned(),
             None,
-        ))
+        )
+        .collecting_at_most(self.inner.options.max_response_bytes))
     }
 
     /// Sends a signal (`"TERM"`, `"KILL"`, `"INT"`, ... or a number as text) to a background
@@ -497,7 +552,7 @@ impl Sandbox {
         let call = self.call(
             format!("signal process {id}"),
             Method::POST,
-            process_path(id, "/signal"),
+            process_path(id, "/signal")?,
             Payload::Bytes(json_body(&SignalRequest { signal })?, "application/json"),
         );
         self.send_json(call).await
@@ -509,7 +564,7 @@ impl Sandbox {
         let mut call = self.call(
             format!("write stdin of process {id}"),
             Method::POST,
-            process_path(id, &format!("/stdin?eof={eof}")),
+            process_path(id, &format!("/stdin?eof={eof}"))?,
             Payload::Bytes(data.into(), "application/octet-stream"),
         );
         call.retry = RetryPolicy::never();
@@ -522,18 +577,20 @@ impl Sandbox {
         let call = self.call(
             format!("kill process {id}"),
             Method::DELETE,
-            process_path(id, ""),
+            process_path(id, "")?,
             Payload::Empty,
         );
         self.send_empty(call).await
     }
 
-    /// Writes `data` to `path` (parents are created; replaced atomically). Retried.
+    /// Writes `data` to `path` (parents are created; replaced atomically). Retried. A path
+    /// that names the base directory, or leads outside it, is refused before anything is sent
+    /// ([`Error::InvalidPath`]), as for every mutating file operation.
     pub async fn write(&self, path: &str, data: impl Into<Bytes>) -> Result<()> {
         let call = self.call(
             format!("write {path}"),
             Method::PUT,
-            file_path(path, ""),
+            self.file_path("write", path, "", true)?,
             Payload::Bytes(data.into(), "application/octet-stream"),
         );
         self.send_empty(call).await
@@ -545,7 +602,7 @@ impl Sandbox {
         let mut call = self.call(
             format!("upload {path}"),
             Method::PUT,
-            file_path(path, ""),
+            self.file_path("upload", path, "", true)?,
             Payload::Once(Some(reader_body(reader))),
         );
         call.timeout = call.timeout.max(Duration::from_secs(3600));
@@ -557,7 +614,7 @@ impl Sandbox {
         let mut call = self.call(
             format!("upload {path}"),
             Method::PUT,
-            file_path(path, ""),
+            self.file_path("upload", path, "", true)?,
             Payload::File(local.as_ref().to_path_buf()),
         );
         call.timeout = call.timeout.max(Duration::from_secs(3600));
@@ -569,13 +626,13 @@ impl Sandbox {
         let call = self.call(
             format!("read {path}"),
             Method::GET,
-            file_path(path, ""),
+            self.file_path("read", path, "", false)?,
             Payload::Empty,
         );
         let connection = self.connection()?;
         connection
             .transport
-            .send_collect(&self.inner.target, call)
+            .send_collect(&self.inner.target, call, false)
             .await
     }
 
@@ -585,7 +642,7 @@ impl Sandbox {
         let mut call = self.call(
             format!("download {path}"),
             Method::GET,
-            file_path(path, ""),
+            self.file_path("download", path, "", false)?,
             Payload::Empty,
         );
         call.timeout = call.timeout.max(Duration::from_secs(3600));
@@ -593,16 +650,89 @@ impl Sandbox {
         Ok(Download::new(response))
     }
 
+    /// Downloads the directory `path` and everything under it into the local directory
+    /// `local` (created when missing; files already there are replaced). Returns what was
+    /// copied.
+    ///
+    /// The sandbox is untrusted, and the copy stays inside `local` whatever it answers: every
+    /// name comes from [`Sandbox::list`] (one normal path component, or
+    /// [`Error::UnsafeName`]); every directory and file is created through a handle on its
+    /// parent directory that cannot resolve outside `local`; an existing symlink where a file
+    /// or directory is to go is never written or followed through
+    /// ([`Error::UnsafeDestination`]); files are streamed into a new temporary file and
+    /// renamed into place, so nothing is ever written through an existing link and a failed
+    /// download leaves no partial file. Symlinks, sockets and devices in the sandbox are not
+    /// copied (listed in [`DirDownload::skipped`]). Trees deeper than
+    /// [`MAX_DOWNLOAD_DEPTH`] are refused.
+    pub async fn download_dir(&self, path: &str, local: impl AsRef<Path>) -> Result<DirDownload> {
+        let remote_root = crate::paths::normalize_path("download", path)?;
+        let local = local.as_ref().to_path_buf();
+        let opened = local.clone();
+        let root = blocking(move || {
+            std::fs::create_dir_all(&opened)?;
+            cap_std::fs::Dir::open_ambient_dir(&opened, cap_std::ambient_authority())
+        })
+        .await
+        .map_err(local_io("create", &local))?;
+        let mut summary = DirDownload::default();
+        let mut pending = vec![(remote_root, Arc::new(root), local, 0_usize)];
+        while let Some((remote_dir, dir, local_dir, depth)) = pending.pop() {
+            if depth > MAX_DOWNLOAD_DEPTH {
+                return Err(Error::Decode {
+                    operation: format!("download {path}"),
+                    sandbox: self.sandbox_name().to_owned(),
+                    message: format!(
+                        "the directory tree is deeper than {MAX_DOWNLOAD_DEPTH} levels (at {remote_dir})"
+                    ),
+                });
+            }
+            for entry in self.list(&remote_dir).await? {
+                let remote_path = join_remote(&remote_dir, &entry.name);
+                let local_path = local_dir.join(&entry.name);
+                match entry.file_type {
+                    v1::FileType::Directory => {
+                        let child = subdirectory(&dir, &entry.name, &local_path).await?;
+                        summary.directories += 1;
+                        pending.push((remote_path, Arc::new(child), local_path, depth + 1));
+                    }
+                    v1::FileType::File => {
+                        let download = self.download(&remote_path).await?;
+                        let source = (
+                            download,
+                            format!("download {remote_path}"),
+                            self.sandbox_name(),
+                        );
+                        write_new_file(&dir, &entry.name, &local_path, source).await?;
+                        summary.files += 1;
+                    }
+                    _ => summary.skipped.push(remote_path),
+                }
+            }
+        }
+        Ok(summary)
+    }
+
     /// Lists the directory at `path` (`""` or `"."` for the base directory), sorted by name.
-    /// Retried.
+    /// Retried. Every entry's name is one normal path component, or the whole listing is
+    /// refused with [`Error::UnsafeName`] naming the first that is not (`../x`, `/abs`, `a/b`,
+    /// `..`): a name from a sandbox is safe to join to a local directory.
     pub async fn list(&self, path: &str) -> Result<Vec<FileEntry>> {
+        let operation = format!("list {path}");
         let call = self.call(
-            format!("list {path}"),
+            operation.clone(),
             Method::GET,
-            file_path(path, ""),
+            self.file_path("list", path, "", false)?,
             Payload::Empty,
         );
         let listing: DirectoryListing = self.send_json(call).await?;
+        for entry in &listing.entries {
+            crate::paths::entry_name(&entry.name).map_err(|reason| Error::UnsafeName {
+                operation: operation.clone(),
+                sandbox: self.sandbox_name().to_owned(),
+                name: entry.name.clone(),
+                reason,
+            })?;
+        }
         Ok(listing.entries)
     }
 
@@ -611,7 +741,7 @@ impl Sandbox {
         let call = self.call(
             format!("stat {path}"),
             Method::HEAD,
-            file_path(path, ""),
+            self.file_path("stat", path, "", false)?,
             Payload::Empty,
         );
         match self.send_empty(call).await {
@@ -628,7 +758,7 @@ impl Sandbox {
         let call = self.call(
             format!("remove {path}"),
             Method::DELETE,
-            file_path(path, query),
+            self.file_path("remove", path, query, true)?,
             Payload::Empty,
         );
         self.send_empty(call).await
@@ -639,11 +769,173 @@ impl Sandbox {
         let call = self.call(
             format!("mkdir {path}"),
             Method::POST,
-            file_path(path, &format!("?op={}", v1::FILES_OP_MKDIR)),
+            self.file_path("mkdir", path, &format!("?op={}", v1::FILES_OP_MKDIR), true)?,
             Payload::Empty,
         );
         self.send_empty(call).await
     }
+}
+
+/// What [`Sandbox::download_dir`] copied.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DirDownload {
+    /// Files written.
+    pub files: u64,
+    /// Directories created or entered below the destination.
+    pub directories: u64,
+    /// Sandbox paths of entries that are neither files nor directories (symlinks, sockets,
+    /// devices): not copied.
+    pub skipped: Vec<String>,
+}
+
+/// How deep [`Sandbox::download_dir`] descends below the directory it copies; a hostile
+/// sandbox could otherwise list directories inside directories for ever.
+pub const MAX_DOWNLOAD_DEPTH: usize = 256;
+
+/// Why an existing symlink in a download's destination stops it.
+const SYMLINK_IN_THE_WAY: &str = "it is a symlink, and downloads never write or descend through \
+     symlinks in their destination; remove it or choose another destination";
+
+/// `dir/name` for sandbox paths (`name` alone under the base directory).
+fn join_remote(dir: &str, name: &str) -> String {
+    if dir.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{}/{name}", dir.trim_end_matches('/'))
+    }
+}
+
+fn local_io(operation: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
+    let path = path.display().to_string();
+    move |source| Error::LocalIo {
+        operation,
+        path,
+        source,
+    }
+}
+
+/// Runs a filesystem call off the async threads.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> std::io::Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+}
+
+/// What is at `name` in `dir`, without following a symlink there.
+fn existing(dir: &cap_std::fs::Dir, name: &str) -> std::io::Result<Option<cap_std::fs::Metadata>> {
+    match dir.symlink_metadata(name) {
+        Ok(meta) => Ok(Some(meta)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Opens the subdirectory `name` of `parent`, creating it if missing; refuses a symlink or a
+/// non-directory there. The handle confines everything below it to `parent`'s tree.
+async fn subdirectory(
+    parent: &Arc<cap_std::fs::Dir>,
+    name: &str,
+    shown: &Path,
+) -> Result<cap_std::fs::Dir> {
+    let (dir, owned) = (parent.clone(), name.to_owned());
+    let opened = blocking(move || {
+        match dir.create_dir(&owned) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        match existing(&dir, &owned)? {
+            Some(meta) if meta.file_type().is_symlink() => Ok(Err(SYMLINK_IN_THE_WAY)),
+            Some(meta) if !meta.is_dir() => Ok(Err(
+                "something that is not a directory is in the way; remove it or choose another destination",
+            )),
+            _ => dir.open_dir(&owned).map(Ok),
+        }
+    })
+    .await
+    .map_err(local_io("create directory", shown))?;
+    opened.map_err(|reason| Error::UnsafeDestination {
+        path: shown.display().to_string(),
+        reason,
+    })
+}
+
+/// Streams `download` into the file `name` of `dir`: into a new temporary file first
+/// (`create_new`: never through an existing link), renamed over `name` at the end. Refuses
+/// when `name` is a symlink or a directory; removes the temporary file on failure.
+async fn write_new_file(
+    dir: &Arc<cap_std::fs::Dir>,
+    name: &str,
+    shown: &Path,
+    (mut download, download_operation, sandbox): (Download, String, &str),
+) -> Result<()> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let temporary = format!(".{:016x}.sandbox-download", fastrand::u64(..));
+    let (handle, owned, temp) = (dir.clone(), name.to_owned(), temporary.clone());
+    let created = blocking(move || {
+        match existing(&handle, &owned)? {
+            Some(meta) if meta.file_type().is_symlink() => return Ok(Err(SYMLINK_IN_THE_WAY)),
+            Some(meta) if meta.is_dir() => {
+                return Ok(Err(
+                    "a directory is in the way of a file; remove it or choose another destination",
+                ));
+            }
+            _ => {}
+        }
+        let mut options = cap_std::fs::OpenOptions::new();
+        options.write(true).create_new(true);
+        Ok(Ok(handle.open_with(&temp, &options)?.into_std()))
+    })
+    .await
+    .map_err(local_io("create", shown))?;
+    let file = created.map_err(|reason| Error::UnsafeDestination {
+        path: shown.display().to_string(),
+        reason,
+    })?;
+    let mut file = tokio::fs::File::from_std(file);
+    // Reading (the sandbox's side) and writing (ours) fail for different reasons; say which.
+    let copied: Result<()> = async {
+        let mut buffer = vec![0_u8; 64 * 1024];
+        loop {
+            let read = download
+                .read(&mut buffer)
+                .await
+                .map_err(|e| Error::Transport {
+                    operation: download_operation.clone(),
+                    sandbox: sandbox.to_owned(),
+                    message: format!("reading the file failed: {e}"),
+                    source: Some(Box::new(e)),
+                })?;
+            if read == 0 {
+                break;
+            }
+            file.write_all(&buffer[..read])
+                .await
+                .map_err(local_io("write", shown))?;
+        }
+        file.flush().await.map_err(local_io("write", shown))
+    }
+    .await;
+    drop(file);
+    let (handle, owned, temp) = (dir.clone(), name.to_owned(), temporary);
+    let ok = copied.is_ok();
+    let placed = blocking(move || {
+        let renamed = if ok {
+            handle.rename(&temp, &handle, &owned)
+        } else {
+            Ok(())
+        };
+        if !ok || renamed.is_err() {
+            let _ = handle.remove_file(&temp);
+        }
+        renamed
+    })
+    .await;
+    copied?;
+    placed.map_err(local_io("write", shown))
 }
 
 fn json_body<T: serde::Serialize>(value: &T) -> Result<Bytes> {
@@ -669,11 +961,11 @@ pub(crate) fn exec_request(options: &ExecOptions) -> ExecRequest {
     }
 }
 
-/// `/v1/files/<encoded path><query>` (sans IO). The whole path is one encoded segment, so
-/// `..`, `/` and `%` reach the runtime exactly as given (it confines them).
+/// `/v1/files/<encoded path><query>` (sans IO) for a path already in normal form
+/// ([`crate::paths::normalize`]: no `.`, `..` or empty segments). The whole path is one encoded
+/// segment (`/` as `%2F`), so the URL has no dot segment a proxy could resolve and `%` reaches
+/// the runtime as given.
 pub(crate) fn file_path(path: &str, query: &str) -> String {
-    let path = path.trim_start_matches("./");
-    let path = if path == "." { "" } else { path };
     format!(
         "{}{}{query}",
         v1::paths::FILES,
@@ -681,12 +973,20 @@ pub(crate) fn file_path(path: &str, query: &str) -> String {
     )
 }
 
-fn process_path(id: &str, rest: &str) -> String {
-    format!(
+/// `/v1/processes/<encoded id><rest>` (sans IO). An id that would be a dot segment (or
+/// nothing) is refused: a URL normaliser would turn `/v1/processes/..` into `/v1/`.
+fn process_path(id: &str, rest: &str) -> Result<String> {
+    if id.is_empty() || id == "." || id == ".." {
+        return Err(Error::InvalidOption {
+            option: "process id",
+            message: format!("{id:?} is not a process id"),
+        });
+    }
+    Ok(format!(
         "{}/{}{rest}",
         v1::paths::PROCESSES,
         utf8_percent_encode(id, PATH)
-    )
+    ))
 }
 
 #[cfg(test)]
@@ -699,12 +999,13 @@ mod tests {
             file_path("data/in put.csv", ""),
             "/v1/files/data%2Fin%20put.csv"
         );
-        assert_eq!(file_path(".", ""), "/v1/files/");
+        assert_eq!(file_path("", ""), "/v1/files/");
         assert_eq!(
-            file_path("./a", "?recursive=true"),
+            file_path("a", "?recursive=true"),
             "/v1/files/a?recursive=true"
         );
         assert_eq!(file_path("/app/x", ""), "/v1/files/%2Fapp%2Fx");
+        assert_eq!(file_path("a%2F..", ""), "/v1/files/a%252F..");
     }
 
     #[test]

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use agent_sandbox_api::wire::{self, headers};
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures_util::TryStreamExt as _;
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::combinators::UnsyncBoxBody;
@@ -29,6 +29,10 @@ pub(crate) type Body = UnsyncBoxBody<Bytes, BoxError>;
 
 /// Longest error body kept in [`Error::Http`].
 const MAX_ERROR_BODY: usize = 512;
+
+/// How long establishing a TCP connection to the router may take: an address that drops
+/// packets fails in seconds, not after the whole request deadline (per attempt).
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where the requests of one sandbox go and how they are labelled.
 #[derive(Clone, Debug)]
@@ -180,6 +184,8 @@ pub(crate) struct Call {
     /// `X-Sandbox-Timeout` value.
     pub(crate) timeout: Duration,
     pub(crate) retry: RetryPolicy,
+    /// Cap on an answer [`Transport::send_collect`] buffers.
+    pub(crate) max_response_bytes: u64,
 }
 
 impl Transport {
@@ -203,11 +209,13 @@ impl Transport {
             Some("http") => {
                 let mut connector = HttpConnector::new();
                 connector.set_nodelay(true);
+                connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
                 HttpClient::Plain(builder.build(connector))
             }
             Some("https") => {
                 let mut connector = HttpConnector::new();
                 connector.set_nodelay(true);
+                connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
                 connector.enforce_http(false);
                 let https = hyper_rustls::HttpsConnectorBuilder::new()
                     .with_provider_and_native_roots(rustls::crypto::aws_lc_rs::default_provider())
@@ -319,17 +327,30 @@ impl Transport {
                 Ok(response) if response.status().is_success() => return Ok(response),
                 Ok(response) => {
                     let status = response.status();
+                    let foreign = foreign_content_type(&response, false);
                     let remaining = deadline.saturating_sub(started.elapsed());
                     let body = error_body(response, remaining).await;
-                    (
-                        Error::Http {
+                    let error = match foreign {
+                        // The router and the runtime answer errors in JSON; anything else
+                        // came from something that is not them.
+                        Some(content_type) => {
+                            tracing::debug!(%status, %content_type, %body, "not a router's answer");
+                            Error::NotARouter {
+                                operation: call.operation.clone(),
+                                sandbox: target.sandbox.clone(),
+                                url: self.base.clone(),
+                                status: status.as_u16(),
+                                content_type,
+                            }
+                        }
+                        None => Error::Http {
                             operation: call.operation.clone(),
                             sandbox: target.sandbox.clone(),
                             status: status.as_u16(),
                             body,
                         },
-                        classify(Some(status)),
-                    )
+                    };
+                    (error, classify(Some(status)))
                 }
                 Err(AttemptError::Fatal(error)) => return Err(error),
                 Err(AttemptError::Timeout) => (
@@ -342,15 +363,7 @@ impl Transport {
                     // are idempotent, so retrying them is safe, and commands opt in.
                     Outcome::Retry,
                 ),
-                Err(AttemptError::Transport(source)) => (
-                    Error::Transport {
-                        operation: call.operation.clone(),
-                        sandbox: target.sandbox.clone(),
-                        message: describe(&*source),
-                        source: Some(source),
-                    },
-                    classify(None),
-                ),
+                Err(AttemptError::Transport(source)) => self.failure(target, &call, source),
             };
             if outcome == Outcome::Final {
                 return Err(error);
@@ -376,27 +389,227 @@ impl Transport {
         }
     }
 
-    /// Like [`Transport::send`], then reads the whole body within the call's deadline. Body
-    /// read failures of retryable calls are retried too.
-    pub(crate) async fn send_collect(&self, target: &Target, call: Call) -> Result<Bytes> {
+    /// What a transport failure means: an unreachable router (retried), a failed TLS
+    /// handshake (final: a plain-HTTP server or an untrusted certificate does not heal), or a
+    /// connection that broke (retried).
+    fn failure(&self, target: &Target, call: &Call, source: BoxError) -> (Error, Outcome) {
+        let operation = call.operation.clone();
+        let sandbox = target.sandbox.clone();
+        let url = self.base.clone();
+        match connect_failure(&*source) {
+            Some(ConnectFailure::Tls(cause)) => (
+                Error::RouterTls {
+                    operation,
+                    sandbox,
+                    url,
+                    cause,
+                    source: Some(source),
+                },
+                Outcome::Final,
+            ),
+            Some(ConnectFailure::Unreachable(cause)) => (
+                Error::RouterUnreachable {
+                    operation,
+                    sandbox,
+                    url,
+                    cause,
+                    source: Some(source),
+                },
+                classify(None),
+            ),
+            None => (
+                Error::Transport {
+                    operation,
+                    sandbox,
+                    message: describe(&*source),
+                    source: Some(source),
+                },
+                classify(None),
+            ),
+        }
+    }
+
+    /// `response` if its content type is JSON (or NDJSON, or absent), else
+    /// [`Error::NotARouter`]: a page from something that is not the router.
+    pub(crate) async fn json_answer(
+        &self,
+        target: &Target,
+        operation: &str,
+        response: Response<Incoming>,
+    ) -> Result<Response<Incoming>> {
+        let Some(content_type) = foreign_content_type(&response, true) else {
+            return Ok(response);
+        };
+        let status = response.status().as_u16();
+        let body = error_body(response, Duration::from_secs(5)).await;
+        tracing::debug!(status, %content_type, %body, "not a router's answer");
+        Err(Error::NotARouter {
+            operation: operation.to_owned(),
+            sandbox: target.sandbox.clone(),
+            url: self.base.clone(),
+            status,
+            content_type,
+        })
+    }
+
+    /// Like [`Transport::send`], then reads the whole body within the call's deadline, at most
+    /// `call.max_response_bytes` of it (a larger answer, or one whose `Content-Length` claims
+    /// more, is an error before it is buffered). With `json`, an answer whose content type is
+    /// not JSON is [`Error::NotARouter`].
+    pub(crate) async fn send_collect(
+        &self,
+        target: &Target,
+        call: Call,
+        json: bool,
+    ) -> Result<Bytes> {
         let operation = call.operation.clone();
         let timeout = call.timeout;
-        let response = self.send(target, call).await?;
-        match tokio::time::timeout(timeout, response.into_body().collect()).await {
+        let limit = call.max_response_bytes;
+        let mut response = self.send(target, call).await?;
+        if json {
+            response = self.json_answer(target, &operation, response).await?;
+        }
+        let too_large = || Error::ResponseTooLarge {
+            operation: operation.clone(),
+            sandbox: target.sandbox.clone(),
+            limit,
+        };
+        let claimed = response
+            .headers()
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if claimed.is_some_and(|length| length > limit) {
+            return Err(too_large());
+        }
+        match tokio::time::timeout(timeout, collect_capped(response.into_body(), limit)).await {
             Err(_) => Err(Error::Timeout {
                 operation,
                 sandbox: target.sandbox.clone(),
                 after: timeout,
             }),
-            Ok(Err(e)) => Err(Error::Transport {
+            Ok(Err(Collect::TooLarge)) => Err(too_large()),
+            Ok(Err(Collect::Broken(e))) => Err(Error::Transport {
+                message: format!("reading the answer failed: {e}"),
                 operation,
                 sandbox: target.sandbox.clone(),
-                message: format!("reading the answer failed: {e}"),
                 source: Some(Box::new(e)),
             }),
-            Ok(Ok(collected)) => Ok(collected.to_bytes()),
+            Ok(Ok(bytes)) => Ok(bytes),
         }
     }
+}
+
+enum Collect {
+    TooLarge,
+    Broken(hyper::Error),
+}
+
+/// The body, at most `limit` bytes of it. Grows with what actually arrives (never by what a
+/// header claims).
+async fn collect_capped(mut body: Incoming, limit: u64) -> Result<Bytes, Collect> {
+    let mut collected = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(Collect::Broken)?;
+        if let Ok(data) = frame.into_data() {
+            let total =
+                u64::try_from(collected.len().saturating_add(data.len())).unwrap_or(u64::MAX);
+            if total > limit {
+                return Err(Collect::TooLarge);
+            }
+            collected.extend_from_slice(&data);
+        }
+    }
+    Ok(collected.freeze())
+}
+
+/// The content type of an answer that neither the router nor the runtime would send in its
+/// place: present and not JSON (`None` for JSON, and for answers without one). With `files`,
+/// `application/octet-stream` is theirs too (a file's contents, where a listing was asked for).
+fn foreign_content_type(response: &Response<Incoming>, files: bool) -> Option<String> {
+    let value = response.headers().get(http::header::CONTENT_TYPE)?;
+    let text = String::from_utf8_lossy(value.as_bytes()).into_owned();
+    let essence = text
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    let ours = essence == "application/json"
+        || essence.ends_with("+json")
+        || essence == agent_sandbox_api::runtime::v1::NDJSON_CONTENT_TYPE
+        || (files && essence == "application/octet-stream");
+    (!ours).then_some(text)
+}
+
+/// The first error of type `E` in `error`'s chain, looking inside `io::Error`s too (whose
+/// `source()` skips the error they wrap).
+fn find_in_chain<'a, E: std::error::Error + 'static>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a E> {
+    let mut next = Some(error);
+    let mut steps = 0;
+    while let Some(current) = next {
+        if let Some(found) = current.downcast_ref::<E>() {
+            return Some(found);
+        }
+        // Chains are short; the bound only guards against a cycle.
+        steps += 1;
+        if steps > 32 {
+            return None;
+        }
+        // An `io::Error` wrapping an error reports that error's source as its own: step into
+        // the wrapped error itself instead, so nothing in between is skipped.
+        let wrapped = current
+            .downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::get_ref)
+            .map(|inner| inner as &(dyn std::error::Error + 'static));
+        next = wrapped.or_else(|| current.source());
+    }
+    None
+}
+
+/// Why a connection to a server could not be made.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConnectFailure {
+    /// No connection: refused, no route, no such host, or not within the connect timeout. The
+    /// text says which, in a few words (`connection refused`).
+    Unreachable(String),
+    /// The TCP connection was made but the TLS handshake failed (the server speaks plain HTTP,
+    /// or its certificate is not trusted); the text is the TLS error.
+    Tls(String),
+}
+
+/// Classifies an HTTP client error (hyper-util's, as the SDK's router transport and kube's
+/// client use) as a failure to connect, when it is one: the one classifier behind
+/// [`Error::RouterUnreachable`] and [`Error::RouterTls`], for callers that report other
+/// clients' errors (an API server's) the same way. `None` for every other error.
+pub fn connect_failure(error: &(dyn std::error::Error + 'static)) -> Option<ConnectFailure> {
+    if let Some(tls) = find_in_chain::<rustls::Error>(error) {
+        return Some(ConnectFailure::Tls(tls.to_string()));
+    }
+    let connect = find_in_chain::<hyper_util::client::legacy::Error>(error)
+        .is_some_and(hyper_util::client::legacy::Error::is_connect);
+    if !connect {
+        return None;
+    }
+    let cause = match find_in_chain::<std::io::Error>(error).map(std::io::Error::kind) {
+        Some(std::io::ErrorKind::ConnectionRefused) => "connection refused".to_owned(),
+        Some(std::io::ErrorKind::TimedOut) => {
+            format!("no connection within {}s", CONNECT_TIMEOUT.as_secs())
+        }
+        Some(std::io::ErrorKind::HostUnreachable) => "host unreachable".to_owned(),
+        Some(std::io::ErrorKind::NetworkUnreachable) => "network unreachable".to_owned(),
+        _ => {
+            let mut innermost = error;
+            while let Some(inner) = innermost.source() {
+                innermost = inner;
+            }
+            innermost.to_string()
+        }
+    };
+    Some(ConnectFailure::Unreachable(cause))
 }
 
 enum AttemptError {

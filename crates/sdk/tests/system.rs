@@ -457,7 +457,7 @@ async fn commands_are_sent_once_and_file_operations_retry() {
         harness.kube_client(),
         harness
             .options("direct")
-            .connection(ConnectionMode::direct(dead_url))
+            .connection(ConnectionMode::direct(dead_url.clone()))
             .retry(
                 RetryPolicy::attempts(3)
                     .backoff(Duration::from_millis(10), Duration::from_millis(20)),
@@ -465,7 +465,12 @@ async fn commands_are_sent_once_and_file_operations_retry() {
     );
     let handle = broken.get_sandbox(&claim_name).await.unwrap();
     match handle.run("echo once").await.unwrap_err() {
-        Error::Transport { .. } => {}
+        Error::RouterUnreachable { url, cause, .. } => {
+            assert_eq!(
+                (url.as_str(), cause.as_str()),
+                (dead_url.as_str(), "connection refused")
+            );
+        }
         other => panic!("run must fail after one attempt, got {other:?}"),
     }
     match handle.read("x").await.unwrap_err() {

@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 
 /// Runs the subcommand of `cli` and returns the exit code.
 pub async fn dispatch(cli: Cli) -> Result<i32> {
-    let global = cli.global;
+    let global = cli.global.without_empty();
     watch_signals();
     match cli.command {
         Command::Dev(args) => dev::dev(args).await,
@@ -29,7 +29,7 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
         )),
         command => {
             let cluster = Cluster::connect(&global).await?;
-            match command {
+            let outcome = match command {
                 Command::Run(args) => sandbox::run(&cluster, args).await,
                 Command::Claim(args) => sandbox::claim(&cluster, args).await,
                 Command::Exec(args) => sandbox::exec(&cluster, args).await,
@@ -44,7 +44,8 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
                 Command::Logs(args) => cluster::logs(&cluster, args).await,
                 Command::Token(args) => cluster::token(&cluster, args).await,
                 Command::Dev(_) | Command::Completion(_) | Command::Runtime(_) => Ok(0),
-            }
+            };
+            outcome.map_err(|e| e.explained(cluster.api_url.as_deref(), &cluster.router_hint()))
         }
     }
 }

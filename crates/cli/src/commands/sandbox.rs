@@ -90,7 +90,8 @@ async fn claim_sandbox(
     )));
     let created: Arc<Mutex<Option<String>>> = Arc::default();
     let mut options = CreateOptions::default().ready_timeout(wait_timeout);
-    if let Some(ttl) = ttl {
+    // `--ttl 0` opts out of the expiry.
+    if let Some(ttl) = ttl.filter(|t| !t.is_zero()) {
         options = options.shutdown_after(ttl);
     }
     let options = {
@@ -382,17 +383,34 @@ struct Claimed {
     pod: String,
     pod_ip: Option<String>,
     claim_latency_ms: u128,
+    /// RFC 3339; absent when the claim never expires.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    expires: Option<String>,
+}
+
+/// The stderr line that says when a new claim expires and how to change that.
+pub fn expiry_notice(claim: &str, expires: Option<jiff::Timestamp>, ttl: Duration) -> String {
+    match expires {
+        Some(at) => format!(
+            "sandboxctl: claim {claim} expires at {at} (in {}); extend with `sandboxctl extend {claim} DURATION`, --ttl 0 for none",
+            crate::output::duration(ttl)
+        ),
+        None => format!(
+            "sandboxctl: claim {claim} never expires (--ttl 0); delete it with `sandboxctl delete {claim}`"
+        ),
+    }
 }
 
 /// `sandboxctl claim`.
 pub async fn claim(cluster: &Cluster, args: ClaimArgs) -> Result<i32> {
     let Some((sandbox, claimed_in)) =
-        claim_sandbox(cluster, &args.pool, args.ttl, args.wait_timeout).await?
+        claim_sandbox(cluster, &args.pool, Some(args.ttl), args.wait_timeout).await?
     else {
         return Ok(EXIT_INTERRUPTED);
     };
     // Keep the claim: this process only hands out its name.
     sandbox.disconnect().await;
+    let expires = sandbox.shutdown_time();
     match args.output {
         None | Some(Format::Table) => {
             eprintln!(
@@ -401,6 +419,7 @@ pub async fn claim(cluster: &Cluster, args: ClaimArgs) -> Result<i32> {
                 sandbox.sandbox_name(),
                 millis(claimed_in)
             );
+            eprintln!("{}", expiry_notice(sandbox.claim_name(), expires, args.ttl));
             print(&format!("{}\n", sandbox.claim_name()))?;
         }
         Some(format) => {
@@ -411,7 +430,9 @@ pub async fn claim(cluster: &Cluster, args: ClaimArgs) -> Result<i32> {
                 pod: sandbox.pod_name().to_owned(),
                 pod_ip: sandbox.pod_ip().map(str::to_owned),
                 claim_latency_ms: claimed_in.as_millis(),
+                expires: expires.map(|t| t.to_string()),
             };
+            eprintln!("{}", expiry_notice(sandbox.claim_name(), expires, args.ttl));
             let text = output::serialized(format, &claimed).map_err(|message| Error::Render {
                 format: if format == Format::Json {
                     "json"
@@ -604,36 +625,17 @@ async fn download_file(sandbox: &Sandbox, src: &str, dst: Option<&Path>) -> Resu
     Ok(())
 }
 
-/// Downloads a remote directory tree to `dst`.
+/// Downloads a remote directory tree to `dst` through the SDK, which keeps every name the
+/// sandbox sends inside `dst` and never writes through a symlink there.
 async fn download_dir(sandbox: &Sandbox, src: &str, dst: &Path) -> Result<u64> {
-    let mut files = 0;
-    let mut pending = vec![(src.to_owned(), dst.to_path_buf())];
-    while let Some((remote_dir, local_dir)) = pending.pop() {
-        tokio::fs::create_dir_all(&local_dir)
-            .await
-            .map_err(|source| Error::File {
-                action: "create",
-                path: local_dir.clone(),
-                source,
-            })?;
-        let entries = sandbox
-            .list(&remote_dir)
-            .await
-            .map_err(sdk(format!("list {remote_dir}")))?;
-        for entry in entries {
-            let remote_path = join(&remote_dir, &entry.name);
-            let local_path = local_dir.join(&entry.name);
-            match entry.file_type {
-                FileType::Directory => pending.push((remote_path, local_path)),
-                FileType::File => {
-                    download_file(sandbox, &remote_path, Some(&local_path)).await?;
-                    files += 1;
-                }
-                _ => eprintln!("sandboxctl: skipping {remote_path} (not a file or directory)"),
-            }
-        }
+    let copied = sandbox
+        .download_dir(src, dst)
+        .await
+        .map_err(sdk(format!("copy {src} to {}", dst.display())))?;
+    for skipped in &copied.skipped {
+        eprintln!("sandboxctl: skipping {skipped} (not a file or directory)");
     }
-    Ok(files)
+    Ok(copied.files)
 }
 
 fn base_name(path: &str) -> &str {
@@ -683,16 +685,21 @@ pub async fn cp(cluster: &Cluster, args: CpArgs) -> Result<i32> {
             Ok(0)
         }
         (Location::Remote { claim, path }, Location::Local(local)) => {
+            // The local name comes from the normal form (`work/..` is the base directory,
+            // named after the claim), never from `..` or `.`.
+            let normal = agent_sandbox::normalize_path("copy", &path)
+                .map_err(|e| Error::Usage(e.to_string()))?;
             let sandbox = attach(cluster, &claim).await?;
-            let kind = remote_type(&sandbox, &path).await?.ok_or_else(|| {
+            let kind = remote_type(&sandbox, &normal).await?.ok_or_else(|| {
                 Error::Usage(format!("{claim}:{path} does not exist"))
             })?;
             let target = if local.is_dir() {
-                let name = base_name(&path);
+                let name = base_name(&normal);
                 local.join(if name.is_empty() { claim.as_str() } else { name })
             } else {
                 local
             };
+            let path = normal;
             let files = if kind == FileType::Directory {
                 download_dir(&sandbox, &path, &target).await?
             } else {
@@ -767,11 +774,9 @@ pub async fn cat(cluster: &Cluster, args: crate::cli::PathArg) -> Result<i32> {
 /// `sandboxctl rm`.
 pub async fn rm(cluster: &Cluster, args: RmArgs) -> Result<i32> {
     let (claim, path) = remote(&args.target)?;
-    if path.trim_matches('/').is_empty() {
-        return Err(Error::Usage(
-            "refusing to remove the sandbox's base directory; name a path inside it".to_owned(),
-        ));
-    }
+    // Refused here already (the SDK refuses too): nothing is sent for the base directory.
+    agent_sandbox::normalize_mutable_path("remove", &path)
+        .map_err(|e| Error::Usage(e.to_string()))?;
     let sandbox = attach(cluster, &claim).await?;
     sandbox
         .remove(&path, args.recursive)
@@ -831,6 +836,19 @@ mod tests {
         assert_eq!(
             shell_line(&words(&["echo", "it's", ""])),
             "echo 'it'\\''s' ''"
+        );
+    }
+
+    #[test]
+    fn the_expiry_notice_names_the_time_and_how_to_change_it() {
+        let at: jiff::Timestamp = "2026-01-01T13:00:00Z".parse().unwrap();
+        assert_eq!(
+            expiry_notice("c", Some(at), Duration::from_secs(3600)),
+            "sandboxctl: claim c expires at 2026-01-01T13:00:00Z (in 1h); extend with `sandboxctl extend c DURATION`, --ttl 0 for none"
+        );
+        assert_eq!(
+            expiry_notice("c", None, Duration::ZERO),
+            "sandboxctl: claim c never expires (--ttl 0); delete it with `sandboxctl delete c`"
         );
     }
 
