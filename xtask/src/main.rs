@@ -6,7 +6,9 @@
 //! - `images`: build the container images (see [`images`]);
 //! - `cluster up|down`: a kind + Cilium + Flux cluster running this checkout (see [`cluster`]);
 //! - `e2e`: the end-to-end suite against the simulated cluster, a kubeconfig's cluster or a
-//!   throwaway k3s (see [`e2e`]).
+//!   throwaway k3s (see [`e2e`]);
+//! - `tools`: build the Kubernetes control-plane binaries and etcd from their Go modules (see
+//!   [`tools`]).
 
 mod bench;
 mod cluster;
@@ -14,6 +16,7 @@ mod crds;
 mod e2e;
 mod images;
 mod manifests;
+mod tools;
 
 use std::path::PathBuf;
 
@@ -97,6 +100,16 @@ enum Command {
         /// Run only scenarios whose name contains one of these.
         #[arg(last = true, value_name = "FILTER")]
         filters: Vec<String>,
+    },
+    /// Build kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and etcd from the
+    /// Go modules pinned in xtask/k8s-tools (once per machine and version), and print them.
+    #[command(
+        after_help = "Examples:\n  cargo xtask tools                      # build what is missing; print paths and versions\n  export PATH=\"$(cargo xtask tools --print-bin-dir):$PATH\"\n\nThe binaries are cached in $AGENT_SANDBOX_TOOLS_DIR, else $XDG_CACHE_HOME/agent-sandbox/k8s-tools,\nelse ~/.cache/agent-sandbox/k8s-tools, in a directory named after the pinned versions."
+    )]
+    Tools {
+        /// Print only the directory holding the binaries (progress still goes to stderr).
+        #[arg(long)]
+        print_bin_dir: bool,
     },
 }
 
@@ -202,6 +215,7 @@ fn run(cli: Cli) -> Result<()> {
             },
         ),
         Command::Cluster(ClusterCommand::Down { name }) => cluster::down(&root, &name),
+        Command::Tools { print_bin_dir } => tools::run(&root, print_bin_dir),
         Command::E2e {
             sim: _,
             kubeconfig,

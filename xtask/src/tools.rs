@@ -1,0 +1,436 @@
+//! `cargo xtask tools`: the real Kubernetes control plane for the control-plane test tier
+//! (`kube-apiserver`, `kube-controller-manager`, `kube-scheduler`, `kubectl`) and `etcd`, built
+//! from their Go modules as pinned in `xtask/k8s-tools/go.mod`.
+//!
+//! The binaries go into a cache directory keyed by the pinned versions and a hash of the
+//! module files and the Go version (`$AGENT_SANDBOX_TOOLS_DIR`, else
+//! `$XDG_CACHE_HOME/agent-sandbox/k8s-tools`, else `~/.cache/agent-sandbox/k8s-tools`), so they
+//! are built once per machine; a build goes to a temporary directory that is renamed into place
+//! only when every binary built, so an interrupted build is never mistaken for a finished one.
+//! Nothing is downloaded except by `go build` through the Go module proxy.
+
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+
+/// The folder of the Go tools module, relative to the workspace root.
+pub(crate) const MODULE_DIR: &str = "xtask/k8s-tools";
+
+/// One binary the tools module builds.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Tool {
+    /// File name in the cache directory.
+    pub(crate) name: &'static str,
+    /// Go package of its `main`.
+    package: &'static str,
+    /// Arguments that print its version.
+    version_args: &'static [&'static str],
+}
+
+/// Every binary, in build order (the API server first: it is the largest and shares most
+/// packages with the others).
+pub(crate) const TOOLS: [Tool; 5] = [
+    Tool {
+        name: "kube-apiserver",
+        package: "k8s.io/kubernetes/cmd/kube-apiserver",
+        version_args: &["--version"],
+    },
+    Tool {
+        name: "kube-controller-manager",
+        package: "k8s.io/kubernetes/cmd/kube-controller-manager",
+        version_args: &["--version"],
+    },
+    Tool {
+        name: "kube-scheduler",
+        package: "k8s.io/kubernetes/cmd/kube-scheduler",
+        version_args: &["--version"],
+    },
+    Tool {
+        name: "kubectl",
+        package: "k8s.io/kubernetes/cmd/kubectl",
+        version_args: &["version", "--client"],
+    },
+    Tool {
+        name: "etcd",
+        package: "go.etcd.io/etcd/server/v3",
+        version_args: &["--version"],
+    },
+];
+
+/// The versions `go.mod` pins.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Pins {
+    /// `k8s.io/kubernetes`, e.g. `v1.37.2`.
+    pub(crate) kubernetes: String,
+    /// `go.etcd.io/etcd/server/v3`, e.g. `v3.7.0`.
+    pub(crate) etcd: String,
+    /// The module's `go` line, e.g. `1.26.0`.
+    pub(crate) go: String,
+}
+
+/// Reads the pins from the text of `go.mod`.
+pub(crate) fn pins(go_mod: &str) -> Result<Pins> {
+    let mut kubernetes = None;
+    let mut etcd = None;
+    let mut go = None;
+    for line in go_mod.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["go", version] => go = Some((*version).to_owned()),
+            ["k8s.io/kubernetes", version, ..] | ["require", "k8s.io/kubernetes", version, ..] => {
+                kubernetes = Some((*version).to_owned());
+            }
+            ["go.etcd.io/etcd/server/v3", version, ..]
+            | ["require", "go.etcd.io/etcd/server/v3", version, ..] => {
+                etcd = Some((*version).to_owned());
+            }
+            _ => {}
+        }
+    }
+    match (kubernetes, etcd, go) {
+        (Some(kubernetes), Some(etcd), Some(go)) => Ok(Pins {
+            kubernetes,
+            etcd,
+            go,
+        }),
+        _ => bail!(
+            "{MODULE_DIR}/go.mod must require k8s.io/kubernetes and go.etcd.io/etcd/server/v3 and \
+             have a go line"
+        ),
+    }
+}
+
+/// `-ldflags` that stamp the Kubernetes binaries with their release (a module build has no git
+/// metadata, so they would report `v0.0.0-master`), as the release build scripts do.
+pub(crate) fn version_ldflags(kubernetes: &str) -> String {
+    let mut parts = kubernetes.trim_start_matches('v').split('.');
+    let major = parts.next().unwrap_or("0");
+    let minor = parts.next().unwrap_or("0");
+    let mut flags = Vec::new();
+    for package in [
+        "k8s.io/component-base/version",
+        "k8s.io/client-go/pkg/version",
+    ] {
+        flags.push(format!("-X {package}.gitVersion={kubernetes}"));
+        flags.push(format!("-X {package}.gitMajor={major}"));
+        flags.push(format!("-X {package}.gitMinor={minor}"));
+        flags.push(format!("-X {package}.gitTreeState=clean"));
+    }
+    flags.push("-s -w".to_owned());
+    flags.join(" ")
+}
+
+/// The directory under which every version's build is kept.
+pub(crate) fn cache_root() -> Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("AGENT_SANDBOX_TOOLS_DIR").filter(|v| !v.is_empty()) {
+        return Ok(PathBuf::from(dir));
+    }
+    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
+        return Ok(PathBuf::from(dir).join("agent-sandbox/k8s-tools"));
+    }
+    match std::env::var_os("HOME").filter(|v| !v.is_empty()) {
+        Some(home) => Ok(PathBuf::from(home).join(".cache/agent-sandbox/k8s-tools")),
+        None => bail!(
+            "no cache directory for the Kubernetes tools: set AGENT_SANDBOX_TOOLS_DIR (or HOME)"
+        ),
+    }
+}
+
+/// FNV-1a over the module files and the Go version: a new pin, a new `go.sum` or another Go
+/// makes a new directory.
+fn fingerprint(parts: &[&[u8]]) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in parts {
+        for byte in part.iter().chain(std::iter::once(&0xff)) {
+            hash ^= u64::from(*byte);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    format!("{hash:016x}")
+}
+
+/// The binaries, built or found in the cache.
+#[derive(Clone, Debug)]
+pub(crate) struct Toolset {
+    pub(crate) pins: Pins,
+    /// The directory holding every binary of [`TOOLS`].
+    pub(crate) bin_dir: PathBuf,
+}
+
+impl Toolset {
+    /// The path of one binary.
+    pub(crate) fn path(&self, name: &str) -> PathBuf {
+        self.bin_dir.join(name)
+    }
+}
+
+/// `go version`'s version (`1.26.8`), or the one-line reason there is no usable Go.
+fn go_version() -> Result<String> {
+    let missing = "the Go toolchain is missing: `go` is not on PATH. Install Go 1.26 or newer \
+                   (https://go.dev/doc/install; Debian: apt-get install golang-go from bookworm-backports) \
+                   and run `cargo xtask tools` again";
+    let output = match Command::new("go").args(["env", "GOVERSION"]).output() {
+        Ok(output) => output,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => bail!("{missing}"),
+        Err(error) => return Err(error).context("failed to run `go env GOVERSION`"),
+    };
+    if !output.status.success() {
+        bail!(
+            "`go env GOVERSION` failed: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .trim_start_matches("go")
+        .to_owned())
+}
+
+/// Whether Go `have` (`1.26.8`) is at least `need` (`1.26.0`).
+pub(crate) fn go_at_least(have: &str, need: &str) -> bool {
+    let parse = |v: &str| -> Vec<u64> {
+        v.split(|c: char| !c.is_ascii_digit())
+            .take(3)
+            .map(|n| n.parse().unwrap_or(0))
+            .collect()
+    };
+    parse(have) >= parse(need)
+}
+
+fn locate(root: &Path, go: &str) -> Result<(Pins, PathBuf)> {
+    let module = root.join(MODULE_DIR);
+    let go_mod = std::fs::read(module.join("go.mod"))
+        .with_context(|| format!("failed to read {MODULE_DIR}/go.mod"))?;
+    let go_sum = std::fs::read(module.join("go.sum"))
+        .with_context(|| format!("failed to read {MODULE_DIR}/go.sum"))?;
+    let pins = pins(&String::from_utf8_lossy(&go_mod))?;
+    let key = format!(
+        "k8s-{}-etcd-{}-{}",
+        pins.kubernetes,
+        pins.etcd,
+        fingerprint(&[&go_mod, &go_sum, go.as_bytes()])
+    );
+    Ok((pins, cache_root()?.join(key)))
+}
+
+/// Builds whatever is missing and returns the binaries. Progress goes to stderr.
+pub(crate) fn ensure(root: &Path) -> Result<Toolset> {
+    let go = go_version()?;
+    let (pins, dir) = locate(root, &go)?;
+    if !go_at_least(&go, &pins.go) {
+        bail!(
+            "Go {go} is too old: {MODULE_DIR}/go.mod needs Go {} or newer (install it, or set \
+             GOTOOLCHAIN=go{} to let the go command fetch that toolchain through the module proxy)",
+            pins.go,
+            pins.go
+        );
+    }
+    let bin_dir = dir.join("bin");
+    if TOOLS.iter().all(|tool| bin_dir.join(tool.name).is_file()) {
+        return Ok(Toolset { pins, bin_dir });
+    }
+    let parent = dir
+        .parent()
+        .context("the tools cache directory has no parent")?;
+    std::fs::create_dir_all(parent)
+        .with_context(|| format!("failed to create {}", parent.display()))?;
+    let staging = tempfile::Builder::new()
+        .prefix(".building-")
+        .tempdir_in(parent)
+        .with_context(|| format!("failed to create a build directory in {}", parent.display()))?;
+    eprintln!(
+        "building Kubernetes {} and etcd {} from their Go modules (Go {go}) into {}",
+        pins.kubernetes,
+        pins.etcd,
+        dir.display()
+    );
+    eprintln!(
+        "  the first build on a machine takes about 15 minutes on 2 cores; later ones reuse Go's \
+         build cache"
+    );
+    let ldflags = version_ldflags(&pins.kubernetes);
+    let started = Instant::now();
+    for (index, tool) in TOOLS.iter().enumerate() {
+        build_one(
+            &root.join(MODULE_DIR),
+            tool,
+            &staging.path().join("bin"),
+            &ldflags,
+            index,
+        )?;
+    }
+    // Another build may have finished first; its result is as good as ours.
+    let staged = staging.keep();
+    if let Err(error) = std::fs::rename(&staged, &dir) {
+        let _ = std::fs::remove_dir_all(&staged);
+        if !bin_dir.join(TOOLS[0].name).is_file() {
+            return Err(error)
+                .with_context(|| format!("failed to move the build to {}", dir.display()));
+        }
+    }
+    eprintln!("built in {:.0} s", started.elapsed().as_secs_f64());
+    Ok(Toolset { pins, bin_dir })
+}
+
+/// `go build -v` of one tool, with a progress line every 15 s (packages compiled so far) and
+/// the compiler's own messages on failure.
+fn build_one(module: &Path, tool: &Tool, out: &Path, ldflags: &str, index: usize) -> Result<()> {
+    eprintln!("  [{}/{}] {}", index + 1, TOOLS.len(), tool.name);
+    let started = Instant::now();
+    let mut child = Command::new("go")
+        .current_dir(module)
+        .args(["build", "-v", "-trimpath", "-ldflags", ldflags, "-o"])
+        .arg(out.join(tool.name))
+        .arg(tool.package)
+        // The module's go.sum is complete: a build must not rewrite it.
+        .env("GOFLAGS", "-mod=readonly")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("failed to start `go build`")?;
+    let stderr = child.stderr.take().context("no stderr from `go build`")?;
+    let mut packages: usize = 0;
+    let mut messages = Vec::new();
+    let mut last_report = Instant::now();
+    for line in BufReader::new(stderr).lines() {
+        let line = line.context("failed to read `go build`'s output")?;
+        // `-v` names each package as it is compiled; everything else is a message.
+        if !line.is_empty() && !line.contains(char::is_whitespace) && !line.starts_with('#') {
+            packages += 1;
+        } else {
+            messages.push(line);
+        }
+        if last_report.elapsed() >= Duration::from_secs(15) {
+            eprintln!(
+                "        {packages} packages compiled, {:.0} s",
+                started.elapsed().as_secs_f64()
+            );
+            last_report = Instant::now();
+        }
+    }
+    let status = child.wait().context("failed to wait for `go build`")?;
+    if !status.success() {
+        let tail: Vec<&String> = messages.iter().rev().take(30).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().map(String::as_str).collect();
+        bail!(
+            "`go build {}` in {MODULE_DIR} failed ({status}):\n{}",
+            tool.package,
+            tail.join("\n")
+        );
+    }
+    eprintln!(
+        "        done in {:.0} s ({packages} packages compiled)",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// The first line a binary prints of its version.
+pub(crate) fn version_line(toolset: &Toolset, tool: &Tool) -> Result<String> {
+    let path = toolset.path(tool.name);
+    let output = Command::new(&path)
+        .args(tool.version_args)
+        .output()
+        .with_context(|| format!("failed to run {}", path.display()))?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    Ok(text.lines().next().unwrap_or_default().trim().to_owned())
+}
+
+/// `cargo xtask tools`: builds what is missing, then prints each binary's path and version
+/// (or only the directory with `print_bin_dir`, for `PATH`).
+pub(crate) fn run(root: &Path, print_bin_dir: bool) -> Result<()> {
+    let toolset = ensure(root)?;
+    if print_bin_dir {
+        println!("{}", toolset.bin_dir.display());
+        return Ok(());
+    }
+    println!(
+        "Kubernetes {}, etcd {} in {}",
+        toolset.pins.kubernetes,
+        toolset.pins.etcd,
+        toolset.bin_dir.display()
+    );
+    for tool in &TOOLS {
+        println!(
+            "{:<24} {}  ({})",
+            tool.name,
+            toolset.path(tool.name).display(),
+            version_line(&toolset, tool)?
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    #[test]
+    fn the_committed_module_pins_kubernetes_and_etcd() {
+        let root = crate::workspace_root();
+        let text = std::fs::read_to_string(root.join(MODULE_DIR).join("go.mod")).unwrap();
+        let pins = pins(&text).unwrap();
+        assert!(pins.kubernetes.starts_with("v1."), "{pins:?}");
+        assert!(pins.etcd.starts_with("v3."), "{pins:?}");
+        // Every staging module is replaced by the same release's v0 version.
+        let minor_patch = pins.kubernetes.trim_start_matches("v1.");
+        let replaces: Vec<&str> = text
+            .lines()
+            .filter(|line| line.starts_with("replace k8s.io/"))
+            .collect();
+        assert!(replaces.len() > 20, "{replaces:?}");
+        for line in replaces {
+            assert!(
+                line.ends_with(&format!(" v0.{minor_patch}")),
+                "{line} does not match k8s.io/kubernetes {}",
+                pins.kubernetes
+            );
+        }
+        // Nothing vendored.
+        assert!(!root.join(MODULE_DIR).join("vendor").exists());
+    }
+
+    #[test]
+    fn pins_are_read_from_require_blocks_and_lines() {
+        let text = "module x\n\ngo 1.26.0\n\nrequire k8s.io/kubernetes v1.37.2 // indirect\n\
+                    require (\n\tgo.etcd.io/etcd/server/v3 v3.7.0 // indirect\n)\n";
+        assert_eq!(
+            pins(text).unwrap(),
+            Pins {
+                kubernetes: "v1.37.2".to_owned(),
+                etcd: "v3.7.0".to_owned(),
+                go: "1.26.0".to_owned()
+            }
+        );
+        let error = pins("module x\ngo 1.26.0\n").unwrap_err().to_string();
+        assert!(error.contains("k8s.io/kubernetes"), "{error}");
+    }
+
+    #[test]
+    fn version_stamp_names_the_release() {
+        let flags = version_ldflags("v1.37.2");
+        assert!(flags.contains("-X k8s.io/component-base/version.gitVersion=v1.37.2"));
+        assert!(flags.contains("-X k8s.io/client-go/pkg/version.gitMinor=37"));
+    }
+
+    #[test]
+    fn go_versions_compare_numerically() {
+        assert!(go_at_least("1.26.8", "1.26.0"));
+        assert!(go_at_least("1.27", "1.26.0"));
+        assert!(!go_at_least("1.9.2", "1.26.0"));
+        assert!(!go_at_least("1.25.12", "1.26"));
+    }
+
+    #[test]
+    fn fingerprints_change_with_any_input() {
+        let a = fingerprint(&[b"mod", b"sum", b"1.26.8"]);
+        assert_eq!(a, fingerprint(&[b"mod", b"sum", b"1.26.8"]));
+        assert_ne!(a, fingerprint(&[b"mod", b"sum", b"1.26.9"]));
+        assert_ne!(a, fingerprint(&[b"mo", b"dsum", b"1.26.8"]));
+    }
+}
