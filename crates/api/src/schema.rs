@@ -234,7 +234,7 @@ fn validate_at(
         }
     }
     if let (Some("date-time"), Some(text)) = (schema.format.as_deref(), value.as_str())
-        && text.parse::<k8s_openapi::jiff::Timestamp>().is_err()
+        && crate::time::parse(text).is_none()
     {
         errors.push(error(FieldErrorKind::Format("date-time".to_owned())));
     }
@@ -285,15 +285,17 @@ fn validate_at(
     }
 }
 
+/// Whether `value` has the schema's type. An integer is what the API server decodes as one: a
+/// number beyond int64 is read as a float there, and refused as "must be of type integer".
 fn type_matches(schema: &JSONSchemaProps, value: &Value) -> bool {
     if schema.x_kubernetes_int_or_string == Some(true) {
-        return value.is_string() || value.is_i64() || value.is_u64();
+        return value.is_string() || value.is_i64();
     }
     match schema.type_.as_deref() {
         Some("object") => value.is_object(),
         Some("array") => value.is_array(),
         Some("string") => value.is_string(),
-        Some("integer") => value.is_i64() || value.is_u64(),
+        Some("integer") => value.is_i64(),
         Some("number") => value.is_number(),
         Some("boolean") => value.is_boolean(),
         _ => true,
@@ -374,6 +376,33 @@ mod tests {
                 "spec.when: Invalid value: must be a date-time",
                 "unknown field \"spec.extra\"",
             ]
+        );
+    }
+
+    #[test]
+    fn date_times_and_integers_are_checked_as_the_api_server_checks_them() {
+        let schema = schema(json!({
+            "type": "object",
+            "properties": {
+                "when": {"type": "string", "format": "date-time"},
+                "n": {"type": "integer", "format": "int64"}
+            }
+        }));
+        let problems = |value: Value| -> Vec<String> {
+            validate(&schema, &value)
+                .iter()
+                .map(ToString::to_string)
+                .collect()
+        };
+        assert!(problems(json!({"when": "9999-12-31T23:59:59Z"})).is_empty());
+        assert!(problems(json!({"n": i64::MAX})).is_empty());
+        assert_eq!(
+            problems(json!({"when": "2026-01-01T00:00:00+25:00"})),
+            vec!["when: Invalid value: must be a date-time"]
+        );
+        assert_eq!(
+            problems(json!({"n": 9_223_372_036_854_775_808_u64})),
+            vec!["n: Invalid value: must be of type integer"]
         );
     }
 

@@ -102,9 +102,11 @@ impl SandboxWarmPoolSpec {
 pub struct SandboxWarmPoolStatus {
     /// Unclaimed members that are not being deleted.
     #[serde(default, skip_serializing_if = "is_zero_i32")]
+    #[schemars(range(min = 0))]
     pub replicas: i32,
     /// Of those, the Ready ones.
     #[serde(default, skip_serializing_if = "is_zero_i32")]
+    #[schemars(range(min = 0))]
     pub ready_replicas: i32,
     /// Label selector of the members: `agents.x-k8s.io/warm-pool-sandbox=<hash>`.
     #[serde(default, skip_serializing_if = "String::is_empty")]
