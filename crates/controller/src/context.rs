@@ -58,12 +58,8 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Context {
     /// Builds the context.
     pub fn new(client: Client, config: Config, caches: Caches, metrics: Metrics) -> Self {
-        let reporter = Reporter {
-            controller: agent_sandbox_api::wire::CONTROLLER_NAME.to_owned(),
-            instance: std::env::var("POD_NAME").ok(),
-        };
         Self {
-            recorder: Recorder::new(client.clone(), reporter),
+            recorder: Recorder::new(client.clone(), reporter()),
             client,
             config,
             caches,
@@ -200,6 +196,14 @@ impl Context {
     /// Forgets a claim (deleted, or its latency recorded).
     pub fn forget_claim(&self, uid: &str) {
         lock(&self.claims_seen).remove(uid);
+    }
+}
+
+/// Who the controller's Events say they come from.
+pub fn reporter() -> Reporter {
+    Reporter {
+        controller: agent_sandbox_api::wire::CONTROLLER_NAME.to_owned(),
+        instance: std::env::var("POD_NAME").ok(),
     }
 }
 

@@ -16,6 +16,7 @@ pub mod decide;
 pub mod error;
 pub mod http;
 pub mod leader;
+pub mod lenient;
 pub mod metrics;
 pub mod reconcile;
 

@@ -10,7 +10,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use agent_sandbox_api::claim::{ClaimLifecycle, ClaimShutdownPolicy, EnvVar, SandboxWarmPoolRef};
-use agent_sandbox_api::conditions::{claim as claim_cond, sandbox as sandbox_cond};
+use agent_sandbox_api::conditions::{
+    claim as claim_cond, events as event_reasons, sandbox as sandbox_cond,
+};
 use agent_sandbox_api::sandbox::{
     EmbeddedObjectMetadata, OperatingMode, PersistentVolumeClaimTemplate, PodTemplate,
     SandboxBlueprint, ShutdownPolicy,
@@ -27,10 +29,15 @@ use k8s_openapi::api::core::v1::{
     Container, ContainerPort, PersistentVolumeClaim, PersistentVolumeClaimSpec, Pod, PodSpec,
     VolumeResourceRequirements,
 };
+use k8s_openapi::api::events::v1::Event as KubeEvent;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, JSONSchemaProps,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{ApiResource, DynamicObject};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
@@ -985,4 +992,138 @@ async fn the_controller_becomes_ready_with_a_thousand_sandboxes_already_there() 
         |count| *count == COUNT,
     )
     .await;
+}
+
+fn free_addr() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// Removes every `maximum` from a schema: the CRDs as they were before integer bounds.
+fn without_maxima(schema: &mut JSONSchemaProps) {
+    schema.maximum = None;
+    for child in schema.properties.iter_mut().flat_map(|p| p.values_mut()) {
+        without_maxima(child);
+    }
+}
+
+/// Regression (issue 15): a pool stored with `replicas: 2147483648` (accepted by the CRD before
+/// it had bounds) made the pool list undecodable, so a restarted controller never became ready.
+/// Now that pool is reported (a Warning Event naming the field) and skipped; the others are
+/// reconciled and `/readyz` answers 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecodable_pool_is_reported_and_skipped_while_the_rest_reconciles() {
+    let health = free_addr();
+    let mut h = Harness::start_with(Config {
+        health_addr: Some(health),
+        ..Config::default()
+    })
+    .await;
+    h.kill_controller();
+    let _dump = h.dump_on_panic();
+
+    // The pool is stored under an older CRD without bounds, then the CRD is upgraded, as a real
+    // upgrade of an existing cluster would do.
+    let crds: Api<CustomResourceDefinition> = Api::all(h.client.clone());
+    let name = "sandboxwarmpools.extensions.agents.x-k8s.io";
+    let current = crds.get(name).await.unwrap();
+    let mut older = current.clone();
+    for version in &mut older.spec.versions {
+        without_maxima(
+            version
+                .schema
+                .as_mut()
+                .unwrap()
+                .open_api_v3_schema
+                .as_mut()
+                .unwrap(),
+        );
+    }
+    let older = crds
+        .replace(name, &PostParams::default(), &older)
+        .await
+        .unwrap();
+    let pools = Api::<DynamicObject>::namespaced_with(
+        h.client.clone(),
+        NS,
+        &ApiResource::erase::<SandboxWarmPool>(&()),
+    );
+    let huge = |name: &str| -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "extensions.agents.x-k8s.io/v1beta1",
+            "kind": "SandboxWarmPool",
+            "metadata": {"name": name},
+            "spec": {"replicas": 2_147_483_648_i64, "sandboxTemplateRef": {"name": "python"}}
+        }))
+        .unwrap()
+    };
+    pools
+        .create(&PostParams::default(), &huge("huge"))
+        .await
+        .unwrap();
+    let mut upgraded = current;
+    upgraded.metadata.resource_version = older.metadata.resource_version;
+    crds.replace(name, &PostParams::default(), &upgraded)
+        .await
+        .unwrap();
+    assert!(
+        pools
+            .create(&PostParams::default(), &huge("huge-again"))
+            .await
+            .is_err(),
+        "the upgraded CRD refuses what the old one stored"
+    );
+
+    create(&h.api(), &template("python")).await;
+    create(&h.api(), &pool("good", "python", 2)).await;
+    h.start_controller();
+    wait_for(
+        "/readyz to answer 200",
+        || async { Some(http_status(health, "/readyz").await) },
+        |status| *status == Some(200),
+    )
+    .await;
+    ready_pool(&h, "good", 2).await;
+
+    let events: Api<KubeEvent> = h.api();
+    let event = wait_for(
+        "the UndecodableObject Event on the huge pool",
+        || async {
+            events
+                .list(&Default::default())
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .find(|event| {
+                    event.reason.as_deref() == Some(event_reasons::UNDECODABLE_OBJECT)
+                        && event
+                            .regarding
+                            .as_ref()
+                            .is_some_and(|r| r.name.as_deref() == Some("huge"))
+                })
+        },
+        |_| true,
+    )
+    .await;
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    let note = event.note.unwrap_or_default();
+    assert!(
+        note.contains("SandboxWarmPool default/huge")
+            && note.contains("spec.replicas")
+            && note.contains("2147483648"),
+        "{note}"
+    );
+    let sandboxes: Api<Sandbox> = h.api();
+    let members = sandboxes.list(&Default::default()).await.unwrap().items;
+    assert!(
+        members.iter().all(|s| s.name_any().starts_with("good-")),
+        "nothing was built for the undecodable pool: {:?}",
+        members
+            .iter()
+            .map(ResourceExt::name_any)
+            .collect::<Vec<_>>()
+    );
 }
