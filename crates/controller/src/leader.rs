@@ -45,7 +45,13 @@ pub fn held_by_other(spec: &LeaseSpec, identity: &str, now: Timestamp) -> bool {
         .or(spec.acquire_time.as_ref())
         .map(|t| t.0);
     let duration = SignedDuration::from_secs(i64::from(spec.lease_duration_seconds.unwrap_or(15)));
-    renewed.is_some_and(|renewed| renewed + duration > now)
+    // A renewal so far ahead that adding the duration overflows is fresh, not a panic.
+    renewed.is_some_and(|renewed| {
+        renewed
+            .checked_add(duration)
+            .ok()
+            .is_none_or(|until| until > now)
+    })
 }
 
 /// One attempt to take or renew the Lease.
@@ -90,7 +96,7 @@ pub async fn try_acquire(api: &Api<Lease>, settings: &LeaderElection) -> Result<
     if spec.holder_identity.as_deref() != Some(settings.identity.as_str()) {
         spec.holder_identity = Some(settings.identity.clone());
         spec.acquire_time = Some(MicroTime(now));
-        spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+        spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0).saturating_add(1));
     }
     spec.renew_time = Some(MicroTime(now));
     spec.lease_duration_seconds = Some(lease_seconds(settings));
@@ -178,5 +184,14 @@ mod tests {
             "ours"
         );
         assert!(!held_by_other(&LeaseSpec::default(), "a", now), "free");
+        let far = spec("b", "9999-12-30T00:00:00Z");
+        assert!(held_by_other(
+            &LeaseSpec {
+                lease_duration_seconds: Some(i32::MAX),
+                ..far
+            },
+            "a",
+            now
+        ));
     }
 }

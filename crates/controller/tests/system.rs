@@ -1127,3 +1127,77 @@ async fn an_undecodable_pool_is_reported_and_skipped_while_the_rest_reconciles()
             .collect::<Vec<_>>()
     );
 }
+
+/// Regression (issue 15): a `shutdownTime` more than 584 years ahead overflowed into "expired"
+/// and the pod was deleted at once; the end of year 9999 is a valid far future.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_expiring_at_the_end_of_year_9999_keeps_its_pod() {
+    let h = Harness::start().await;
+    let _dump = h.dump_on_panic();
+    let sandboxes: Api<Sandbox> = h.api();
+    let pods: Api<Pod> = h.api();
+    let mut forever = sandbox("forever");
+    forever.spec.lifecycle.shutdown_time = Some(Time(
+        agent_sandbox_api::time::parse("9999-12-31T23:59:59Z").unwrap(),
+    ));
+    create(&sandboxes, &forever).await;
+    let stored = Api::<DynamicObject>::namespaced_with(
+        h.client.clone(),
+        NS,
+        &ApiResource::erase::<Sandbox>(&()),
+    )
+    .get("forever")
+    .await
+    .unwrap();
+    assert_eq!(
+        stored.data["spec"]["shutdownTime"],
+        json!("9999-12-31T23:59:59Z"),
+        "stored as written"
+    );
+    wait_for(
+        "forever to be Ready",
+        || get(&sandboxes, "forever"),
+        sandbox_ready,
+    )
+    .await;
+    let pod = get(&pods, "forever").await.unwrap();
+
+    // Another pass, for a new generation, still finds it far from expiry.
+    sandboxes
+        .patch(
+            "forever",
+            &PatchParams::default(),
+            &Patch::Merge(
+                &json!({"spec": {"podTemplate": {"metadata": {"labels": {"pass": "2"}}}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let again = wait_for(
+        "forever to be Ready for generation 2",
+        || get(&sandboxes, "forever"),
+        |s: &Sandbox| {
+            s.status.as_ref().is_some_and(|st| {
+                st.conditions.iter().any(|c| {
+                    c.type_ == sandbox_cond::READY
+                        && c.status == "True"
+                        && c.observed_generation == Some(2)
+                })
+            })
+        },
+    )
+    .await;
+    assert!(!condition_is(
+        &again.status.unwrap().conditions,
+        sandbox_cond::READY,
+        "False",
+        sandbox_cond::REASON_EXPIRED
+    ));
+    let still = get(&pods, "forever").await.expect("the pod is kept");
+    assert_eq!(still.metadata.uid, pod.metadata.uid);
+    assert_eq!(
+        still.labels().get("pass").map(String::as_str),
+        Some("2"),
+        "the second pass ran"
+    );
+}

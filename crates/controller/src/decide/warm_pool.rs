@@ -15,7 +15,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 
 use super::secure_defaults::{self, DnsMode};
-use super::{controller_reference, find_condition, is_condition_true, remaining};
+use super::{after, controller_reference, find_condition, is_condition_true, remaining};
 
 /// Settings that shape pool members.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -227,11 +227,7 @@ pub fn plan(
             continue;
         }
         if !is_ready(member) {
-            let deadline = Timestamp::from_nanosecond(
-                created(member).as_nanosecond()
-                    + i128::try_from(settings.readiness_grace.as_nanos()).unwrap_or(i128::MAX),
-            )
-            .unwrap_or(Timestamp::MAX);
+            let deadline = after(created(member), settings.readiness_grace);
             match remaining(deadline, now) {
                 None if is_unschedulable(member) => plan.unschedulable.push(name),
                 None => {

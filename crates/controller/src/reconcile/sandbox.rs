@@ -53,7 +53,7 @@ pub async fn reconcile(sandbox: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Actio
                 now,
             );
             let mut requeue = match expiry {
-                Expiry::In(left) => Action::requeue(left + Duration::from_millis(5)),
+                Expiry::In(left) => Action::requeue(left.saturating_add(Duration::from_millis(5))),
                 _ => Action::await_change(),
             };
             if matches!(

@@ -171,7 +171,7 @@ pub async fn reconcile(pool: Arc<SandboxWarmPool>, ctx: Arc<Context>) -> Result<
     }
 
     Ok(match plan.recheck_after {
-        Some(after) => Action::requeue(after + Duration::from_millis(100)),
+        Some(after) => Action::requeue(after.saturating_add(Duration::from_millis(100))),
         // A template that does not exist yet: its creation wakes us through the template watch.
         None => Action::await_change(),
     })
