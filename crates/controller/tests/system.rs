@@ -24,7 +24,9 @@ use agent_sandbox_api::{
     SandboxWarmPool, SandboxWarmPoolSpec, labels, name_hash,
 };
 use agent_sandbox_controller::Config;
+use agent_sandbox_controller::config::LeaderElection;
 use agent_sandbox_sim::{Program, Sim, SimConfig, runtime_entry, test_support::workspace_binary};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
     Container, ContainerPort, PersistentVolumeClaim, PersistentVolumeClaimSpec, Pod, PodSpec,
     VolumeResourceRequirements,
@@ -97,18 +99,25 @@ impl Harness {
 
     /// Starts (or restarts) the controller in this process.
     fn start_controller(&mut self) {
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let client = self.client.clone();
-        let config = self.config.clone();
-        self.controller = Some(tokio::spawn(async move {
-            let shutdown = async move {
-                let _ = stopped.await;
-            };
-            if let Err(error) = agent_sandbox_controller::run(client, config, shutdown).await {
-                panic!("controller failed: {error}");
-            }
-        }));
+        let (task, stop) = spawn_controller(self.client.clone(), self.config.clone());
+        self.controller = Some(task);
         self.stop = Some(stop);
+    }
+
+    /// Stops the controller the way SIGTERM does (graceful shutdown) and waits for it to end.
+    async fn stop_controller(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(mut task) = self.controller.take() {
+            match tokio::time::timeout(WAIT, &mut task).await {
+                Ok(ended) => ended.unwrap(),
+                Err(_) => {
+                    task.abort();
+                    panic!("the controller did not stop within {WAIT:?}");
+                }
+            }
+        }
     }
 
     /// Kills the controller abruptly (in-flight requests are dropped), as a crash would.
@@ -156,6 +165,32 @@ impl Harness {
         K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
     {
         Api::namespaced(self.client.clone(), NS)
+    }
+}
+
+/// Runs the controller in this process until the returned sender fires (or is dropped).
+fn spawn_controller(
+    client: Client,
+    config: Config,
+) -> (JoinHandle<()>, tokio::sync::oneshot::Sender<()>) {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let shutdown = async move {
+            let _ = stopped.await;
+        };
+        if let Err(error) = agent_sandbox_controller::run(client, config, shutdown).await {
+            panic!("controller failed: {error}");
+        }
+    });
+    (task, stop)
+}
+
+/// Aborts a task when dropped, so that a failing test leaves nothing running.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -1200,4 +1235,59 @@ async fn a_sandbox_expiring_at_the_end_of_year_9999_keeps_its_pod() {
         Some("2"),
         "the second pass ran"
     );
+}
+
+/// Regression (issue 15): a controller stopped by SIGTERM kept its Lease until it expired, so
+/// every rolling restart left a lease duration without a leader. Now it releases the Lease on
+/// the way out and a standby takes over at its next attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_leader_hands_the_lease_to_a_standby() {
+    // A lease so long that only a release explains a takeover within the test.
+    let election = |identity: &str| LeaderElection {
+        namespace: NS.into(),
+        name: "controller-leader".into(),
+        identity: identity.into(),
+        lease_duration: Duration::from_secs(600),
+    };
+    let mut h = Harness::start_with(Config {
+        leader_election: Some(election("first")),
+        ..Config::default()
+    })
+    .await;
+    let leases: Api<Lease> = h.api();
+    let holder = |lease: &Lease| {
+        lease
+            .spec
+            .as_ref()
+            .and_then(|spec| spec.holder_identity.clone())
+            .unwrap_or_default()
+    };
+    wait_for(
+        "first to lead",
+        || get(&leases, "controller-leader"),
+        |lease| holder(lease) == "first",
+    )
+    .await;
+    let (standby, _stop_standby) = spawn_controller(
+        h.client.clone(),
+        Config {
+            leader_election: Some(election("second")),
+            ..Config::default()
+        },
+    );
+    let _standby = AbortOnDrop(standby);
+
+    h.stop_controller().await;
+    let released = get(&leases, "controller-leader").await.unwrap();
+    assert_ne!(
+        holder(&released),
+        "first",
+        "a stopped leader gives its Lease up: {released:?}"
+    );
+    wait_for(
+        "second to lead",
+        || get(&leases, "controller-leader"),
+        |lease| holder(lease) == "second",
+    )
+    .await;
 }
