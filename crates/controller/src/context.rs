@@ -15,6 +15,7 @@ use kube::{Client, Resource, ResourceExt};
 use crate::cache::Caches;
 use crate::config::Config;
 use crate::metrics::Metrics;
+use crate::rate::TokenBucket;
 
 /// How long in-memory expectations are trusted before the cache is believed instead.
 const EXPECTATION_TTL: Duration = Duration::from_secs(30);
@@ -38,6 +39,8 @@ pub struct Context {
     claims_seen: Mutex<HashMap<String, Instant>>,
     /// Statuses written recently (by object UID) that the cache may not show yet.
     written: Mutex<HashMap<String, (serde_json::Value, Instant)>>,
+    /// The pace of pool member creation, over all pools.
+    creations: Mutex<TokenBucket>,
 }
 
 impl std::fmt::Debug for Context {
@@ -59,6 +62,7 @@ impl Context {
     /// Builds the context.
     pub fn new(client: Client, config: Config, caches: Caches, metrics: Metrics) -> Self {
         Self {
+            creations: Mutex::new(TokenBucket::new(config.create_rate, Instant::now())),
             recorder: Recorder::new(client.clone(), reporter()),
             client,
             config,
@@ -99,6 +103,11 @@ impl Context {
                 tracing::debug!(%error, reason = %event.reason, "failed to publish an Event");
             }
         });
+    }
+
+    /// Takes a token for one pool member creation, or says how long until one is there.
+    pub fn take_creation_token(&self) -> Result<(), Duration> {
+        lock(&self.creations).take(Instant::now())
     }
 
     /// Records that `name` was created for `pool_key`.

@@ -18,6 +18,7 @@ pub mod http;
 pub mod leader;
 pub mod lenient;
 pub mod metrics;
+pub mod rate;
 pub mod reconcile;
 
 use std::future::Future;

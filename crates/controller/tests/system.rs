@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use agent_sandbox_api::claim::{ClaimLifecycle, ClaimShutdownPolicy, EnvVar, SandboxWarmPoolRef};
 use agent_sandbox_api::conditions::{
-    claim as claim_cond, events as event_reasons, sandbox as sandbox_cond,
+    claim as claim_cond, events as event_reasons, sandbox as sandbox_cond, warm_pool as pool_cond,
 };
 use agent_sandbox_api::sandbox::{
     EmbeddedObjectMetadata, OperatingMode, PersistentVolumeClaimTemplate, PodTemplate,
@@ -26,6 +26,7 @@ use agent_sandbox_api::{
 use agent_sandbox_controller::Config;
 use agent_sandbox_controller::config::LeaderElection;
 use agent_sandbox_sim::{Program, Sim, SimConfig, runtime_entry, test_support::workspace_binary};
+use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
     Container, ContainerPort, PersistentVolumeClaim, PersistentVolumeClaimSpec, Pod, PodSpec,
@@ -37,6 +38,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceDefinition, JSONSchemaProps,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{ApiResource, DynamicObject};
@@ -1290,4 +1292,138 @@ async fn a_stopping_leader_hands_the_lease_to_a_standby() {
         |lease| holder(lease) == "second",
     )
     .await;
+}
+
+fn pool_conditions(pool: &SandboxWarmPool) -> &[Condition] {
+    pool.status
+        .as_ref()
+        .map_or(&[][..], |status| status.conditions.as_slice())
+}
+
+/// Every Sandbox the test's watch saw being added, with the resourceVersion it was added at.
+type Creations = std::sync::Arc<std::sync::Mutex<Vec<(String, u64)>>>;
+
+/// Records every Sandbox added from now on (also those deleted again at once).
+async fn record_creations(api: Api<Sandbox>) -> (Creations, AbortOnDrop) {
+    use kube::runtime::watcher;
+    let seen: Creations = Creations::default();
+    let (listed_tx, listed_rx) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn({
+        let seen = seen.clone();
+        async move {
+            let mut listed = Some(listed_tx);
+            let mut events = std::pin::pin!(watcher(api, watcher::Config::default()));
+            while let Some(event) = events.next().await {
+                match event {
+                    Ok(watcher::Event::Apply(sandbox) | watcher::Event::InitApply(sandbox)) => {
+                        let version = sandbox
+                            .metadata
+                            .resource_version
+                            .as_deref()
+                            .unwrap()
+                            .parse()
+                            .unwrap();
+                        let mut seen = seen.lock().unwrap();
+                        if !seen.iter().any(|(name, _)| *name == sandbox.name_any()) {
+                            seen.push((sandbox.name_any(), version));
+                        }
+                    }
+                    Ok(watcher::Event::InitDone) => {
+                        if let Some(listed) = listed.take() {
+                            let _ = listed.send(());
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    });
+    listed_rx.await.unwrap();
+    (seen, AbortOnDrop(task))
+}
+
+fn created_with_prefix(seen: &Creations, prefix: &str) -> Vec<(String, u64)> {
+    seen.lock()
+        .unwrap()
+        .iter()
+        .filter(|(name, _)| name.starts_with(prefix))
+        .cloned()
+        .collect()
+}
+
+/// Regression (issue 15): `replicas: 1000000` was pursued at ~200 Sandboxes a second, and
+/// creation went on long after the pool was deleted. Now the pool is capped at the controller's
+/// maximum and says so, members are created at the controller's pace, and creation stops the
+/// moment the pool is being deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_pool_is_capped_paced_and_stops_creating_once_deleted() {
+    let h = Harness::start_with(Config {
+        create_rate: 2,
+        ..Config::default()
+    })
+    .await;
+    let _dump = h.dump_on_panic();
+    let (seen, _watch) = record_creations(h.api()).await;
+    create(&h.api(), &template("python")).await;
+    let pools: Api<SandboxWarmPool> = h.api();
+    create(&pools, &pool("huge", "python", 1_000_000)).await;
+
+    let capped = wait_for(
+        "the pool to say it is capped",
+        || get(&pools, "huge"),
+        |p: &SandboxWarmPool| {
+            condition_is(
+                pool_conditions(p),
+                pool_cond::CAPPED,
+                "True",
+                pool_cond::REASON_MAX_REPLICAS_EXCEEDED,
+            )
+        },
+    )
+    .await;
+    let message = &pool_conditions(&capped)[0].message;
+    assert_eq!(
+        message,
+        "spec.replicas 1000000 is more than this controller keeps per pool (1000, \
+         --sandbox-warm-pool-max-replicas); keeping 1000"
+    );
+    wait_for(
+        "a few members",
+        || async { Some(created_with_prefix(&seen, "huge-").len()) },
+        |n| *n >= 3,
+    )
+    .await;
+
+    // Foreground deletion: the pool stays, being deleted, until its members are gone.
+    let deleted = pools
+        .delete("huge", &DeleteParams::foreground())
+        .await
+        .unwrap()
+        .left()
+        .expect("a foreground deletion returns the pool being deleted");
+    let deleted_at: u64 = deleted.metadata.resource_version.unwrap().parse().unwrap();
+    wait_for(
+        "the pool to be gone",
+        || async { Some(get(&pools, "huge").await.is_none()) },
+        |gone| *gone,
+    )
+    .await;
+    // A fence: a new pool's first member needs the next token of the same bucket, so anything
+    // the deleted pool still had queued would have been created by then.
+    create(&pools, &pool("fence", "python", 1)).await;
+    wait_for(
+        "the fence pool's member",
+        || async { Some(created_with_prefix(&seen, "fence-").len()) },
+        |n| *n == 1,
+    )
+    .await;
+    let late: Vec<(String, u64)> = created_with_prefix(&seen, "huge-")
+        .into_iter()
+        .filter(|(_, version)| *version > deleted_at)
+        .collect();
+    // At most the one create that was on the wire when the deletion came.
+    assert!(
+        late.len() <= 1,
+        "members created after the pool's deletion: {late:?}"
+    );
 }

@@ -908,6 +908,16 @@ pub fn only_node_name_changed(old: &SandboxStatus, new: &SandboxStatus) -> bool 
     &scratch == old && !super::is_condition_true(&new.conditions, cond::READY)
 }
 
+/// The pool that controls `sandbox` (name and UID), when a pool does.
+pub fn owning_pool(sandbox: &Sandbox) -> Option<(&str, &str)> {
+    controller_of(&sandbox.metadata)
+        .filter(|owner| {
+            owner.kind == "SandboxWarmPool"
+                && owner.api_version.split('/').next() == Some(agent_sandbox_api::EXTENSIONS_GROUP)
+        })
+        .map(|owner| (owner.name.as_str(), owner.uid.as_str()))
+}
+
 /// The merge patch that clears a stale `pod-name` annotation.
 pub fn clear_pod_name_patch() -> Value {
     json!({"metadata": {"annotations": {annotations::POD_NAME: null}}})
@@ -1151,6 +1161,35 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn the_owning_pool_is_the_controller_of_kind_pool() {
+        let mut sb = sandbox("box");
+        assert_eq!(owning_pool(&sb), None);
+        let pool_reference = |api_version: &str, kind: &str| {
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: api_version.into(),
+                kind: kind.into(),
+                name: "pool".into(),
+                uid: "pool-uid".into(),
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            }
+        };
+        sb.metadata.owner_references = Some(vec![pool_reference(
+            "extensions.agents.x-k8s.io/v1beta1",
+            "SandboxWarmPool",
+        )]);
+        assert_eq!(owning_pool(&sb), Some(("pool", "pool-uid")));
+        sb.metadata.owner_references = Some(vec![pool_reference(
+            "extensions.agents.x-k8s.io/v1beta1",
+            "SandboxClaim",
+        )]);
+        assert_eq!(owning_pool(&sb), None, "claimed");
+        sb.metadata.owner_references =
+            Some(vec![pool_reference("example.com/v1", "SandboxWarmPool")]);
+        assert_eq!(owning_pool(&sb), None, "another group's kind");
     }
 
     #[test]
