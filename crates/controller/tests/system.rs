@@ -1427,3 +1427,58 @@ async fn a_huge_pool_is_capped_paced_and_stops_creating_once_deleted() {
         "members created after the pool's deletion: {late:?}"
     );
 }
+
+/// Regression (issue 15): a Sandbox with `containers: []` (which upstream's schema allows too)
+/// was retried every 2 s forever. The API server's refusal is terminal: `Ready=False`
+/// `InvalidPodTemplate` with its message, and the pod is not sent again for this generation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_without_containers_is_refused_once_and_says_why() {
+    let h = Harness::start().await;
+    let _dump = h.dump_on_panic();
+    let sandboxes: Api<Sandbox> = h.api();
+    let mut empty = sandbox("empty");
+    empty.spec.blueprint.pod_template.spec.containers = vec![];
+    create(&sandboxes, &empty).await;
+    let refused = wait_for(
+        "empty to be refused",
+        || get(&sandboxes, "empty"),
+        |s: &Sandbox| {
+            s.status.as_ref().is_some_and(|st| {
+                condition_is(
+                    &st.conditions,
+                    sandbox_cond::READY,
+                    "False",
+                    sandbox_cond::REASON_INVALID_POD_TEMPLATE,
+                )
+            })
+        },
+    )
+    .await;
+    let ready = refused
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == sandbox_cond::READY)
+        .unwrap();
+    assert!(
+        ready.message.contains("spec.containers"),
+        "{}",
+        ready.message
+    );
+
+    // A fence: another sandbox comes up; meanwhile the refused pod was not sent again (the
+    // status write above woke the reconciler once more).
+    create(&sandboxes, &sandbox("other")).await;
+    wait_for(
+        "other to be Ready",
+        || get(&sandboxes, "other"),
+        sandbox_ready,
+    )
+    .await;
+    assert_eq!(
+        h.sim.request_counts().get("create", "", "pods"),
+        2,
+        "one refused pod and other's"
+    );
+}

@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use crate::context::{Context, now};
 use crate::decide::sandbox::{self as decide, ChildDecision, Expiry, Observed, Problem};
 use crate::decide::{Ownership, ownership};
-use crate::error::{Error, Result, is_conflict, is_not_found, kube_err};
+use crate::error::{Error, Result, api_message, is_conflict, is_invalid, is_not_found, kube_err};
 use crate::lenient::Lenient;
 
 const KIND: &str = "Sandbox";
@@ -143,6 +143,10 @@ async fn reconcile_children(sandbox: &Sandbox, ctx: &Context) -> Outcome {
             outcome.pod_lookup_failed = true;
             outcome.fail(error);
         }
+        // Not an error to retry: the status says why, and a spec change brings a new attempt.
+        Err(PodError::Invalid(message)) => {
+            outcome.problem = Some(Problem::InvalidPodTemplate(message));
+        }
         Err(PodError::Other(pod, error)) => {
             outcome.pod = pod.map(|pod| *pod);
             outcome.fail(error);
@@ -214,6 +218,8 @@ fn create_params() -> PostParams {
 enum PodError {
     Multiple(usize),
     Lookup(Error),
+    /// The API server refused the pod as invalid (422), with its message.
+    Invalid(String),
     Other(Option<Box<Pod>>, Error),
 }
 
@@ -334,6 +340,9 @@ async fn reconcile_pod(sandbox: &Sandbox, ctx: &Context) -> Result<Option<Pod>, 
                 .await
                 .map_err(|e| PodError::Other(None, e))?;
         }
+        if let Some(message) = decide::rejected_pod_template(sandbox) {
+            return Err(PodError::Invalid(message));
+        }
         if !pool_still_wants(sandbox, ctx).await {
             tracing::debug!(sandbox = %name, "its pool is being deleted; no pod");
             return Ok(None);
@@ -341,6 +350,9 @@ async fn reconcile_pod(sandbox: &Sandbox, ctx: &Context) -> Result<Option<Pod>, 
         let desired = decide::desired_pod(sandbox);
         match api.create(&create_params(), &desired).await {
             Ok(created) => return Ok(Some(created)),
+            Err(error) if is_invalid(&error) => {
+                return Err(PodError::Invalid(api_message(&error)));
+            }
             Err(error) if is_conflict(&error) => {
                 // Created by an earlier pass the cache has not shown yet, or a foreign pod.
                 pod = api
