@@ -135,7 +135,7 @@ pub struct Args {
     )]
     pub sandbox_warm_pool_concurrent_workers: u16,
     /// Log format: text or json.
-    #[arg(long, env = "SANDBOX_CONTROLLER_LOG_FORMAT", default_value = "text")]
+    #[arg(long, env = "SANDBOX_CONTROLLER_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
 }
 
