@@ -25,7 +25,12 @@ pub enum ClaimShutdownPolicy {
 #[serde(rename_all = "camelCase")]
 pub struct ClaimLifecycle {
     /// Absolute time at which the claim expires.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::time::deserialize_optional",
+        serialize_with = "crate::time::serialize_optional"
+    )]
     pub shutdown_time: Option<Time>,
     /// Seconds after the sandbox finished (`Finished=True`) at which the claim expires.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -1,9 +1,9 @@
 //! Condition types, condition reasons and Event reasons, with upstream's exact strings.
 //!
-//! Conditions are written by the controller into `status.conditions` of Sandboxes and
-//! SandboxClaims (every condition carries `observedGeneration`). They are read by the SDK (waiting
-//! for `Ready`, mapping failure reasons to typed errors), by `kubectl wait
-//! --for=condition=Ready`, by the CLI and by the printer columns of the CRDs.
+//! Conditions are written by the controller into `status.conditions` of Sandboxes, SandboxClaims
+//! and (our addition) SandboxWarmPools; every condition carries `observedGeneration`. They are
+//! read by the SDK (waiting for `Ready`, mapping failure reasons to typed errors), by `kubectl
+//! wait --for=condition=Ready`, by the CLI and by the printer columns of the CRDs.
 
 /// Condition types on a Sandbox, and the reasons the Sandbox reconciler gives.
 pub mod sandbox {
@@ -58,6 +58,22 @@ pub mod sandbox {
 
     /// Message of `Ready=False/SandboxExpired` on a retained expired sandbox.
     pub const MESSAGE_EXPIRED: &str = "Sandbox has expired";
+
+    /// `Ready=False`: the API server refused the pod built from `spec.podTemplate` as invalid
+    /// (for example `containers: []`); the message is the API server's. Terminal until the spec
+    /// changes: the controller does not retry it. Our addition (upstream retries forever).
+    pub const REASON_INVALID_POD_TEMPLATE: &str = "InvalidPodTemplate";
+}
+
+/// Condition types and reasons on a SandboxWarmPool (our addition: upstream's pool status has no
+/// conditions).
+pub mod warm_pool {
+    /// `Capped=True` while `spec.replicas` is above the controller's maximum pool size, which is
+    /// how many members it keeps instead; absent otherwise.
+    pub const CAPPED: &str = "Capped";
+    /// `Capped=True`: `spec.replicas` exceeds `--sandbox-warm-pool-max-replicas` (the message
+    /// says both numbers).
+    pub const REASON_MAX_REPLICAS_EXCEEDED: &str = "MaxReplicasExceeded";
 }
 
 /// Condition types and reasons on a SandboxClaim.
@@ -96,12 +112,15 @@ pub mod claim {
 
     /// Claim reasons after which the claim will never become Ready: a client waiting for it
     /// should stop and report the reason.
-    pub const TERMINAL_REASONS: [&str; 5] = [
+    ///
+    /// `InvalidPodTemplate` is the sandbox's reason, mirrored onto the claim's `Ready`.
+    pub const TERMINAL_REASONS: [&str; 6] = [
         REASON_INVALID_METADATA,
         REASON_ENV_VARS_INJECTION_REJECTED,
         REASON_VOLUME_CLAIM_TEMPLATES_ERROR,
         REASON_CLAIM_EXPIRED,
         REASON_SANDBOX_EXPIRED,
+        super::sandbox::REASON_INVALID_POD_TEMPLATE,
     ];
 }
 
@@ -123,4 +142,7 @@ pub mod events {
     pub const WARM_POOL_PROGRESSING: &str = "WarmPoolProgressing";
     /// Warning, on any object: a reconcile failed (the message names the operation).
     pub const RECONCILE_FAILED: &str = "ReconcileFailed";
+    /// Warning, on any watched object: the controller cannot decode it (the message names the
+    /// field and why); it ignores the object until it is fixed, and keeps reconciling the rest.
+    pub const UNDECODABLE_OBJECT: &str = "UndecodableObject";
 }

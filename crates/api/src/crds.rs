@@ -26,6 +26,7 @@ pub fn all() -> Vec<CustomResourceDefinition> {
                 .and_then(|validation| validation.open_api_v3_schema.as_mut())
             {
                 tidy(schema);
+                bound_integers(schema);
                 add_root_fields(schema);
             }
         }
@@ -93,6 +94,33 @@ fn tidy(schema: &mut JSONSchemaProps) {
     match &mut schema.items {
         Some(JSONSchemaPropsOrArray::Schema(child)) => tidy(child),
         Some(JSONSchemaPropsOrArray::Schemas(children)) => children.iter_mut().for_each(tidy),
+        None => {}
+    }
+}
+
+/// Gives every `int32` integer its range, keeping tighter bounds the types declare (such as
+/// `replicas`' minimum 0).
+///
+/// The API server does not enforce `format: int32`, only `minimum` and `maximum`; without them it
+/// stores `replicas: 2147483648`, which no client with 32-bit fields (ours, upstream's Go types)
+/// can decode. `int64` needs no bounds: a larger number is not an integer to the API server.
+fn bound_integers(schema: &mut JSONSchemaProps) {
+    if schema.type_.as_deref() == Some("integer") && schema.format.as_deref() == Some("int32") {
+        let (min, max) = (f64::from(i32::MIN), f64::from(i32::MAX));
+        schema.minimum = Some(schema.minimum.map_or(min, |bound| bound.max(min)));
+        schema.maximum = Some(schema.maximum.map_or(max, |bound| bound.min(max)));
+    }
+    for child in schema.properties.iter_mut().flat_map(|p| p.values_mut()) {
+        bound_integers(child);
+    }
+    if let Some(JSONSchemaPropsOrBool::Schema(child)) = &mut schema.additional_properties {
+        bound_integers(child);
+    }
+    match &mut schema.items {
+        Some(JSONSchemaPropsOrArray::Schema(child)) => bound_integers(child),
+        Some(JSONSchemaPropsOrArray::Schemas(children)) => {
+            children.iter_mut().for_each(bound_integers);
+        }
         None => {}
     }
 }

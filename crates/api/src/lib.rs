@@ -8,6 +8,7 @@
 //! - label and annotation keys ([`labels`], [`annotations`]), condition types and reasons
 //!   ([`conditions`]), ports, names and router headers ([`wire`]);
 //! - the FNV-1a [`name_hash`] used in label values;
+//! - RFC 3339 date-times as the API server accepts them, up to `9999-12-31T23:59:59Z` ([`time`]);
 //! - the JSON of the runtime server: legacy endpoints and the `/v1` API ([`runtime`], [`runtime::v1`]);
 //! - the scoped router token format, minted and verified as pure functions ([`token`]).
 //!
@@ -23,6 +24,7 @@ pub mod runtime;
 pub mod sandbox;
 pub mod schema;
 pub mod template;
+pub mod time;
 pub mod token;
 pub mod warm_pool;
 pub mod wire;

@@ -106,7 +106,12 @@ pub enum ShutdownPolicy {
 #[serde(rename_all = "camelCase")]
 pub struct Lifecycle {
     /// Absolute time at which the sandbox expires; unset means never.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::time::deserialize_optional",
+        serialize_with = "crate::time::serialize_optional"
+    )]
     pub shutdown_time: Option<Time>,
     /// What expiry does.
     #[serde(default)]

@@ -177,87 +177,6 @@ pub fn validate(schema: &JSONSchemaProps, value: &Value) -> Vec<FieldError> {
     errors
 }
 
-/// Whether `text` is an RFC 3339 `date-time` (§5.6) as the API server validates `format:
-/// date-time`: `YYYY-MM-DDThh:mm:ss`, an optional fraction (`.` and digits), then `Z` or an
-/// offset `+hh:mm`/`-hh:mm`; `t` and `z` may be lower case. Years 0000 to 9999, a day that
-/// exists in its month (leap years too), hours 00 to 23, minutes and offset minutes 00 to 59,
-/// offset hours 00 to 23 (so -23:59 to +23:59).
-///
-/// Seconds stop at 59: kube-openapi's `strfmt.IsDateTime`, which the API server uses, refuses
-/// a leap second, and so do we. Its pattern is laxer than RFC 3339 in three ways we do not copy
-/// (any character before the fraction, any two digits as offset hours or minutes, anything
-/// after a second `t`): such a value would pass a real cluster, but no client's time type
-/// decodes it, so accepting it only moves the failure into a controller.
-pub fn is_date_time(text: &str) -> bool {
-    fn number(bytes: &[u8]) -> Option<u32> {
-        bytes.iter().try_fold(0u32, |n, b| {
-            b.is_ascii_digit().then(|| n * 10 + u32::from(b - b'0'))
-        })
-    }
-    fn days_in(month: u32, year: u32) -> u32 {
-        match month {
-            2 if year.is_multiple_of(4)
-                && (!year.is_multiple_of(100) || year.is_multiple_of(400)) =>
-            {
-                29
-            }
-            2 => 28,
-            4 | 6 | 9 | 11 => 30,
-            _ => 31,
-        }
-    }
-    let bytes = text.as_bytes();
-    // `YYYY-MM-DDThh:mm:ss` is 19 bytes; then the fraction and the offset.
-    let (Some(head), Some(rest)) = (bytes.get(..19), bytes.get(19..)) else {
-        return false;
-    };
-    let field = |range: std::ops::Range<usize>| head.get(range).and_then(number);
-    let separators = [(4, b'-'), (7, b'-'), (13, b':'), (16, b':')];
-    if !separators
-        .iter()
-        .all(|(at, sep)| head.get(*at) == Some(sep))
-        || !matches!(head.get(10), Some(b'T' | b't'))
-    {
-        return false;
-    }
-    let (Some(year), Some(month), Some(day), Some(hour), Some(minute), Some(second)) = (
-        field(0..4),
-        field(5..7),
-        field(8..10),
-        field(11..13),
-        field(14..16),
-        field(17..19),
-    ) else {
-        return false;
-    };
-    if !(1..=12).contains(&month)
-        || day == 0
-        || day > days_in(month, year)
-        || hour > 23
-        || minute > 59
-        || second > 59
-    {
-        return false;
-    }
-    let offset = match rest.strip_prefix(b".") {
-        Some(fraction) => {
-            let digits = fraction.iter().take_while(|b| b.is_ascii_digit()).count();
-            if digits == 0 {
-                return false;
-            }
-            &fraction[digits..]
-        }
-        None => rest,
-    };
-    match offset {
-        [b'Z' | b'z'] => true,
-        [b'+' | b'-', hours @ .., b':', m1, m2] if hours.len() == 2 => {
-            matches!((number(hours), number(&[*m1, *m2])), (Some(h), Some(m)) if h <= 23 && m <= 59)
-        }
-        _ => false,
-    }
-}
-
 fn join(path: &str, name: &str) -> String {
     if path.is_empty() {
         name.to_owned()
@@ -315,7 +234,7 @@ fn validate_at(
         }
     }
     if let (Some("date-time"), Some(text)) = (schema.format.as_deref(), value.as_str())
-        && !is_date_time(text)
+        && crate::time::parse(text).is_none()
     {
         errors.push(error(FieldErrorKind::Format("date-time".to_owned())));
     }
@@ -366,15 +285,17 @@ fn validate_at(
     }
 }
 
+/// Whether `value` has the schema's type. An integer is what the API server decodes as one: a
+/// number beyond int64 is read as a float there, and refused as "must be of type integer".
 fn type_matches(schema: &JSONSchemaProps, value: &Value) -> bool {
     if schema.x_kubernetes_int_or_string == Some(true) {
-        return value.is_string() || value.is_i64() || value.is_u64();
+        return value.is_string() || value.is_i64();
     }
     match schema.type_.as_deref() {
         Some("object") => value.is_object(),
         Some("array") => value.is_array(),
         Some("string") => value.is_string(),
-        Some("integer") => value.is_i64() || value.is_u64(),
+        Some("integer") => value.is_i64(),
         Some("number") => value.is_number(),
         Some("boolean") => value.is_boolean(),
         _ => true,
@@ -532,6 +453,33 @@ mod tests {
         ] {
             assert!(!date_time_accepted(bad), "{bad:?} is not a date-time");
         }
+    }
+
+    #[test]
+    fn date_times_and_integers_are_checked_as_the_api_server_checks_them() {
+        let schema = schema(json!({
+            "type": "object",
+            "properties": {
+                "when": {"type": "string", "format": "date-time"},
+                "n": {"type": "integer", "format": "int64"}
+            }
+        }));
+        let problems = |value: Value| -> Vec<String> {
+            validate(&schema, &value)
+                .iter()
+                .map(ToString::to_string)
+                .collect()
+        };
+        assert!(problems(json!({"when": "9999-12-31T23:59:59Z"})).is_empty());
+        assert!(problems(json!({"n": i64::MAX})).is_empty());
+        assert_eq!(
+            problems(json!({"when": "2026-01-01T00:00:00+25:00"})),
+            vec!["when: Invalid value: must be a date-time"]
+        );
+        assert_eq!(
+            problems(json!({"n": 9_223_372_036_854_775_808_u64})),
+            vec!["n: Invalid value: must be of type integer"]
+        );
     }
 
     #[test]

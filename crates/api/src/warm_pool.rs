@@ -1,6 +1,7 @@
 //! `SandboxWarmPool` (`extensions.agents.x-k8s.io/v1beta1`): keeps a number of ready sandboxes
 //! built from a template, so that a claim is answered in milliseconds.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube_derive::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -97,14 +98,16 @@ impl SandboxWarmPoolSpec {
 }
 
 /// Observed state of a pool, written by the warm-pool reconciler.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxWarmPoolStatus {
     /// Unclaimed members that are not being deleted.
     #[serde(default, skip_serializing_if = "is_zero_i32")]
+    #[schemars(range(min = 0))]
     pub replicas: i32,
     /// Of those, the Ready ones.
     #[serde(default, skip_serializing_if = "is_zero_i32")]
+    #[schemars(range(min = 0))]
     pub ready_replicas: i32,
     /// Label selector of the members: `agents.x-k8s.io/warm-pool-sandbox=<hash>`.
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -113,6 +116,11 @@ pub struct SandboxWarmPoolStatus {
     #[serde(default, skip_serializing_if = "is_zero_i64")]
     #[schemars(range(min = 0))]
     pub observed_generation: i64,
+    /// `Capped` while the controller keeps fewer members than `spec.replicas` (see
+    /// [`crate::conditions::warm_pool`]); none otherwise. An addition to upstream's status.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "crate::crds::conditions_schema")]
+    pub conditions: Vec<Condition>,
 }
 
 fn is_zero_i32(value: &i32) -> bool {

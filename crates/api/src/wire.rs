@@ -25,6 +25,19 @@ pub const LEADER_ELECTION_ID: &str = "a3317529.agent-sandbox.x-k8s.io";
 /// Field manager the controller uses for every write (server-side apply and patches).
 pub const CONTROLLER_FIELD_MANAGER: &str = "sandbox-controller";
 
+/// Flags (and their environment fallbacks) of `agent-sandbox-controller` that other text names:
+/// the pool's `Capped` condition message, docs and operators' runbooks.
+pub mod controller_flags {
+    /// Most members the controller keeps in one pool, whatever `spec.replicas` asks.
+    pub const WARM_POOL_MAX_REPLICAS: &str = "sandbox-warm-pool-max-replicas";
+    /// Environment fallback of [`WARM_POOL_MAX_REPLICAS`].
+    pub const WARM_POOL_MAX_REPLICAS_ENV: &str = "SANDBOX_CONTROLLER_WARM_POOL_MAX_REPLICAS";
+    /// Most pool members the controller creates per second, over all pools.
+    pub const WARM_POOL_MAX_CREATE_RATE: &str = "sandbox-warm-pool-max-create-rate";
+    /// Environment fallback of [`WARM_POOL_MAX_CREATE_RATE`].
+    pub const WARM_POOL_MAX_CREATE_RATE_ENV: &str = "SANDBOX_CONTROLLER_WARM_POOL_MAX_CREATE_RATE";
+}
+
 /// Name of the router Service. Read by the SDK's port-forward discovery through the
 /// EndpointSlices labelled `kubernetes.io/service-name` with this value.
 pub const ROUTER_SERVICE: &str = "sandbox-router-svc";

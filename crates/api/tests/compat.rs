@@ -294,6 +294,64 @@ fn enums_and_bounds_are_validated() {
     );
 }
 
+/// Regression (issue 15): `replicas: 2147483648` passed the schema and then no controller could
+/// decode the pool list. Every integer of every CRD is int32 with int32's range (or tighter), or
+/// int64.
+#[test]
+fn every_integer_has_a_format_and_int32_ones_their_range() {
+    let mut int32 = 0;
+    for crd in crds::all() {
+        let name = crd.metadata.name.clone().unwrap();
+        let schema = crd.spec.versions[0]
+            .schema
+            .clone()
+            .unwrap()
+            .open_api_v3_schema
+            .unwrap();
+        walk_schema(&schema, &name, &mut |path, node| {
+            if node.type_.as_deref() != Some("integer") {
+                return;
+            }
+            match node.format.as_deref() {
+                Some("int32") => {
+                    int32 += 1;
+                    let (min, max) = (node.minimum.unwrap(), node.maximum.unwrap());
+                    assert!(
+                        min >= f64::from(i32::MIN) && max <= f64::from(i32::MAX) && min <= max,
+                        "{path}: [{min}, {max}] is not within int32"
+                    );
+                }
+                Some("int64") => {}
+                other => panic!("{path}: integer with format {other:?}, not int32 or int64"),
+            }
+        });
+    }
+    assert!(
+        int32 > 100,
+        "the pod templates' int32 fields are covered too"
+    );
+
+    let pool_schema = crd_schema(POOLS);
+    let mut pool = manifest("warm-pool-minimal.yaml");
+    pool["spec"]["replicas"] = json!(2_147_483_647);
+    assert_eq!(schema::validate(&pool_schema, &pool), vec![]);
+    pool["spec"]["replicas"] = json!(2_147_483_648_i64);
+    let errors = schema::validate(&pool_schema, &pool);
+    assert_eq!(
+        errors.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        vec!["spec.replicas: Invalid value: should be less than or equal to 2147483647"]
+    );
+    let mut sandbox = manifest("sandbox-minimal.yaml");
+    sandbox["spec"]["podTemplate"]["spec"]["containers"][0]["ports"] =
+        json!([{"containerPort": 4_294_967_296_i64}]);
+    let errors = schema::validate(&crd_schema(SANDBOXES), &sandbox);
+    assert_eq!(
+        errors[0].kind,
+        FieldErrorKind::Maximum("2147483647".into()),
+        "{errors:?}"
+    );
+}
+
 fn walk_schema(
     schema: &JSONSchemaProps,
     path: &str,

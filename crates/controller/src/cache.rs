@@ -4,19 +4,29 @@
 //! One watch per kind (not one per controller) keeps memory at one copy of each object: the
 //! Sandbox cache is read by three reconcilers. Fields no reconciler reads (`managedFields`, most
 //! of a Pod's spec) are stripped before objects are stored.
+//!
+//! Objects are decoded one at a time ([`crate::lenient`]): one the controller cannot decode is
+//! left out of the cache, reported once per version (a log line and a Warning Event on it, both
+//! naming it and the field), and the rest of its kind is cached and reconciled as usual.
 
+use std::collections::HashMap;
 use std::fmt::Debug;
+use std::time::Duration;
 
 use agent_sandbox_api::Sandbox;
+use agent_sandbox_api::conditions::events as event_reasons;
 use agent_sandbox_api::{SandboxClaim, SandboxTemplate, SandboxWarmPool, labels};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Pod, PodSpec, Service};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod, PodSpec, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::runtime::reflector::Store;
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use tokio::task::JoinSet;
+
+use crate::lenient::{Lenient, Undecodable};
 
 /// How many kinds are watched (each counts once towards readiness).
 const KINDS: usize = 7;
@@ -101,7 +111,8 @@ pub struct Subscriptions {
     pub policies: Changes<NetworkPolicy>,
 }
 
-fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+/// The API of `K`, listed and watched one object at a time.
+fn api<K>(client: &Client, namespace: Option<&str>) -> Api<Lenient<K>>
 where
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
 {
@@ -109,6 +120,126 @@ where
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     }
+}
+
+/// At most this much of a watch error is logged: a decode error of kube's can carry a whole list.
+const LOGGED_ERROR_CHARS: usize = 512;
+
+/// How long reporting an undecodable object may hold up its watch.
+const REPORT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// `text` cut to `limit` characters (marked when cut).
+fn bounded(text: &str, limit: usize) -> String {
+    match text.char_indices().nth(limit) {
+        Some((at, _)) => format!("{}… ({} bytes in all)", &text[..at], text.len()),
+        None => text.to_owned(),
+    }
+}
+
+/// `namespace/name` of an object's metadata.
+fn meta_key(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
+    format!(
+        "{}/{}",
+        meta.namespace.as_deref().unwrap_or_default(),
+        meta.name.as_deref().unwrap_or_default()
+    )
+}
+
+/// Logs an undecodable object and puts a Warning Event on it.
+async fn report<K: Resource<DynamicType = ()>>(recorder: &Recorder, object: &Undecodable) {
+    let kind = K::kind(&());
+    let key = meta_key(&object.metadata);
+    tracing::warn!(
+        %kind,
+        object = %key,
+        error = %bounded(&object.error, LOGGED_ERROR_CHARS),
+        "cannot decode this object; ignoring it until it is fixed (the others are reconciled)"
+    );
+    let reference = ObjectReference {
+        api_version: Some(K::api_version(&()).into_owned()),
+        kind: Some(kind.clone().into_owned()),
+        name: object.metadata.name.clone(),
+        namespace: object.metadata.namespace.clone(),
+        uid: object.metadata.uid.clone(),
+        resource_version: object.metadata.resource_version.clone(),
+        ..ObjectReference::default()
+    };
+    let event = KubeEvent {
+        type_: EventType::Warning,
+        reason: event_reasons::UNDECODABLE_OBJECT.to_owned(),
+        note: Some(bounded(
+            &format!(
+                "the controller cannot decode {kind} {key} and ignores it until it is fixed: {}",
+                object.error
+            ),
+            1000,
+        )),
+        action: "Decode".to_owned(),
+        secondary: None,
+    };
+    match tokio::time::timeout(REPORT_TIMEOUT, recorder.publish(&event, &reference)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => tracing::debug!(%error, object = %key, "failed to publish an Event"),
+        Err(_) => tracing::debug!(object = %key, "publishing an Event timed out"),
+    }
+}
+
+/// Turns a watch event of [`Lenient`] objects into one of decoded objects for the store:
+/// undecodable objects are reported (once per resourceVersion, in `reported`) and left out; one
+/// that turned undecodable is removed from the store (its last decoded version goes as a delete).
+async fn decoded<K>(
+    event: watcher::Event<Lenient<K>>,
+    store: &Store<K>,
+    reported: &mut HashMap<String, Option<String>>,
+    recorder: &Recorder,
+) -> Option<watcher::Event<K>>
+where
+    K: Resource<DynamicType = ()> + Clone,
+{
+    let previous = |meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
+        let mut reference = ObjectRef::<K>::new(meta.name.as_deref().unwrap_or_default());
+        if let Some(namespace) = &meta.namespace {
+            reference = reference.within(namespace);
+        }
+        store.get(&reference).map(|object| (*object).clone())
+    };
+    let (undecodable, gone) = match event {
+        watcher::Event::Init => return Some(watcher::Event::Init),
+        watcher::Event::InitDone => return Some(watcher::Event::InitDone),
+        watcher::Event::InitApply(Lenient::Decoded(object)) => {
+            reported.remove(&meta_key(object.meta()));
+            return Some(watcher::Event::InitApply(object));
+        }
+        watcher::Event::Apply(Lenient::Decoded(object)) => {
+            reported.remove(&meta_key(object.meta()));
+            return Some(watcher::Event::Apply(object));
+        }
+        watcher::Event::Delete(Lenient::Decoded(object)) => {
+            reported.remove(&meta_key(object.meta()));
+            return Some(watcher::Event::Delete(object));
+        }
+        watcher::Event::Delete(Lenient::Undecodable(undecodable)) => {
+            reported.remove(&meta_key(&undecodable.metadata));
+            return previous(&undecodable.metadata).map(watcher::Event::Delete);
+        }
+        // Left out of the relist, so the store drops it at `InitDone`.
+        watcher::Event::InitApply(Lenient::Undecodable(undecodable)) => (undecodable, None),
+        watcher::Event::Apply(Lenient::Undecodable(undecodable)) => {
+            let gone = previous(&undecodable.metadata);
+            (undecodable, gone)
+        }
+    };
+    let version = undecodable.metadata.resource_version.clone();
+    if reported.insert(meta_key(&undecodable.metadata), version.clone()) != Some(version) {
+        report::<K>(recorder, &undecodable).await;
+    }
+    gone.map(watcher::Event::Delete)
+}
+
+/// What every watch task shares: the readiness count and the Event recorder.
+struct Watch {
+    synced: std::sync::Arc<tokio::sync::watch::Sender<usize>>,
+    recorder: Recorder,
 }
 
 /// Starts the watch of one kind as a task of `tasks`: every event updates the store first, then
@@ -119,16 +250,16 @@ where
 /// good. Sending the objects themselves avoids that.)
 fn spawn_watch<K, const N: usize>(
     tasks: &mut JoinSet<()>,
-    api: Api<K>,
+    api: Api<Lenient<K>>,
     config: watcher::Config,
     strip: fn(&mut K),
-    synced: &std::sync::Arc<tokio::sync::watch::Sender<usize>>,
+    watch: &Watch,
 ) -> (Store<K>, [Changes<K>; N])
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     let kind = K::kind(&()).into_owned();
-    let (reader, writer) = kube::runtime::reflector::store::<K>();
+    let (reader, mut writer) = kube::runtime::reflector::store::<K>();
     let mut senders = Vec::with_capacity(N);
     let receivers: [Changes<K>; N] = std::array::from_fn(|_| {
         let (sender, receiver) = tokio::sync::mpsc::channel::<K>(CONSUMER_BUFFER);
@@ -138,16 +269,24 @@ where
         })
         .boxed()
     });
-    let synced = std::sync::Arc::clone(synced);
+    let synced = std::sync::Arc::clone(&watch.synced);
+    let recorder = watch.recorder.clone();
+    let store = reader.clone();
     tasks.spawn(async move {
         let mut counted = false;
-        let mut events = std::pin::pin!(
-            watcher(api, config)
-                .default_backoff()
-                .modify(strip)
-                .reflect(writer)
-        );
+        let mut reported = HashMap::new();
+        let mut events = std::pin::pin!(watcher(api, config).default_backoff());
         while let Some(event) = events.next().await {
+            let event = match event {
+                Ok(event) => decoded(event, &store, &mut reported, &recorder)
+                    .await
+                    .map(|event| Ok(event.modify(strip))),
+                Err(error) => Some(Err(error)),
+            };
+            let Some(event) = event else { continue };
+            if let Ok(event) = &event {
+                writer.apply_watcher_event(event);
+            }
             let objects = match event {
                 Ok(
                     watcher::Event::Apply(object)
@@ -165,6 +304,7 @@ where
                 }
                 Ok(watcher::Event::Init) => continue,
                 Err(error) => {
+                    let error = bounded(&error.to_string(), LOGGED_ERROR_CHARS);
                     tracing::warn!(%kind, %error, "watch failed; retrying with backoff");
                     continue;
                 }
@@ -203,56 +343,59 @@ pub fn start(
     let labelled = watcher::Config::default().labels(labels::SANDBOX_NAME_HASH);
     let all = watcher::Config::default();
     let (synced, synced_rx) = tokio::sync::watch::channel(0_usize);
-    let synced = std::sync::Arc::new(synced);
+    let watch = Watch {
+        synced: std::sync::Arc::new(synced),
+        recorder: Recorder::new(client.clone(), crate::context::reporter()),
+    };
 
     let (sandboxes, [sb1, sb2, sb3]) = spawn_watch(
         tasks,
         api::<Sandbox>(client, namespace),
         all.clone(),
         strip_managed_fields,
-        &synced,
+        &watch,
     );
     let (pods, [pods_sub]) = spawn_watch(
         tasks,
         api::<Pod>(client, namespace),
         labelled.clone(),
         strip_pod,
-        &synced,
+        &watch,
     );
     let (services, [services_sub]) = spawn_watch(
         tasks,
         api::<Service>(client, namespace),
         labelled,
         strip_managed_fields,
-        &synced,
+        &watch,
     );
     let (claims, [claims_sub, claims_for_pool]) = spawn_watch(
         tasks,
         api::<SandboxClaim>(client, namespace),
         all.clone(),
         strip_managed_fields,
-        &synced,
+        &watch,
     );
     let (pools, [pool1, pool2]) = spawn_watch(
         tasks,
         api::<SandboxWarmPool>(client, namespace),
         all.clone(),
         strip_managed_fields,
-        &synced,
+        &watch,
     );
     let (templates, [t1, t2, t3]) = spawn_watch(
         tasks,
         api::<SandboxTemplate>(client, namespace),
         all.clone(),
         strip_managed_fields,
-        &synced,
+        &watch,
     );
     let (policies, [policies_sub]) = spawn_watch(
         tasks,
         api::<NetworkPolicy>(client, namespace),
         all,
         strip_managed_fields,
-        &synced,
+        &watch,
     );
 
     (

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use agent_sandbox_api::wire::controller_flags;
 use agent_sandbox_api::{labels, wire};
 use clap::Parser;
 
@@ -82,6 +83,22 @@ pub struct Args {
         default_value_t = 300
     )]
     pub sandbox_warm_pool_max_batch_size: usize,
+    /// At most this many members are kept in one pool, whatever its spec.replicas says (the pool
+    /// then carries a Capped condition).
+    #[arg(
+        long = controller_flags::WARM_POOL_MAX_REPLICAS,
+        env = controller_flags::WARM_POOL_MAX_REPLICAS_ENV,
+        default_value_t = DEFAULT_WARM_POOL_MAX_REPLICAS
+    )]
+    pub sandbox_warm_pool_max_replicas: usize,
+    /// At most this many pool members are created per second, over all pools (a token bucket
+    /// holding as many).
+    #[arg(
+        long = controller_flags::WARM_POOL_MAX_CREATE_RATE,
+        env = controller_flags::WARM_POOL_MAX_CREATE_RATE_ENV,
+        default_value_t = DEFAULT_WARM_POOL_MAX_CREATE_RATE
+    )]
+    pub sandbox_warm_pool_max_create_rate: u32,
     /// How long a claim waits for a starting pool member to become Ready before adopting it anyway.
     #[arg(long, env = "SANDBOX_CONTROLLER_CLAIM_WARM_WAIT", default_value = "2s", value_parser = parse_duration)]
     pub claim_warm_wait: Duration,
@@ -118,9 +135,15 @@ pub struct Args {
     )]
     pub sandbox_warm_pool_concurrent_workers: u16,
     /// Log format: text or json.
-    #[arg(long, env = "SANDBOX_CONTROLLER_LOG_FORMAT", default_value = "text")]
+    #[arg(long, env = "SANDBOX_CONTROLLER_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
 }
+
+/// Default of `--sandbox-warm-pool-max-replicas`.
+pub const DEFAULT_WARM_POOL_MAX_REPLICAS: usize = 1000;
+/// Default of `--sandbox-warm-pool-max-create-rate`: a 1000-member pool fills in ten seconds,
+/// at half the pace that was seen to crowd out other API writers.
+pub const DEFAULT_WARM_POOL_MAX_CREATE_RATE: u32 = 100;
 
 /// Parses `300ms`, `2s`, `5m`, `1h` (or a bare number of seconds).
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -203,6 +226,10 @@ pub struct Config {
     pub readiness_grace: Duration,
     /// Creation batch cap.
     pub max_batch: usize,
+    /// Most members kept per pool.
+    pub max_pool_replicas: usize,
+    /// Most pool members created per second, over all pools.
+    pub create_rate: u32,
     /// How long claims wait for starting members.
     pub claim_warm_wait: Duration,
     /// Allowed label domains for claims.
@@ -226,6 +253,8 @@ impl Default for Config {
             warm_pool_safe_to_evict: false,
             readiness_grace: Duration::from_secs(300),
             max_batch: 300,
+            max_pool_replicas: DEFAULT_WARM_POOL_MAX_REPLICAS,
+            create_rate: DEFAULT_WARM_POOL_MAX_CREATE_RATE,
             claim_warm_wait: Duration::from_secs(2),
             allowed_label_domains: DEFAULT_ALLOWED_LABEL_DOMAINS
                 .iter()
@@ -265,6 +294,12 @@ impl Args {
                 "invalid --sandbox-warm-pool-max-batch-size: must be at least 1".to_owned(),
             );
         }
+        if self.sandbox_warm_pool_max_create_rate == 0 {
+            return Err(format!(
+                "invalid --{}: must be at least 1 (members created per second)",
+                controller_flags::WARM_POOL_MAX_CREATE_RATE
+            ));
+        }
         let nameservers: Vec<String> = self
             .sandbox_nameservers
             .iter()
@@ -294,6 +329,8 @@ impl Args {
             warm_pool_safe_to_evict: self.enable_warm_pool_eviction,
             readiness_grace: self.sandbox_warm_pool_readiness_grace_period,
             max_batch: self.sandbox_warm_pool_max_batch_size,
+            max_pool_replicas: self.sandbox_warm_pool_max_replicas,
+            create_rate: self.sandbox_warm_pool_max_create_rate,
             claim_warm_wait: self.claim_warm_wait,
             allowed_label_domains: self.allowed_label_domains,
             disable_claim_events: self.disable_claim_events,

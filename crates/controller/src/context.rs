@@ -15,6 +15,7 @@ use kube::{Client, Resource, ResourceExt};
 use crate::cache::Caches;
 use crate::config::Config;
 use crate::metrics::Metrics;
+use crate::rate::TokenBucket;
 
 /// How long in-memory expectations are trusted before the cache is believed instead.
 const EXPECTATION_TTL: Duration = Duration::from_secs(30);
@@ -38,6 +39,8 @@ pub struct Context {
     claims_seen: Mutex<HashMap<String, Instant>>,
     /// Statuses written recently (by object UID) that the cache may not show yet.
     written: Mutex<HashMap<String, (serde_json::Value, Instant)>>,
+    /// The pace of pool member creation, over all pools.
+    creations: Mutex<TokenBucket>,
 }
 
 impl std::fmt::Debug for Context {
@@ -58,12 +61,9 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Context {
     /// Builds the context.
     pub fn new(client: Client, config: Config, caches: Caches, metrics: Metrics) -> Self {
-        let reporter = Reporter {
-            controller: agent_sandbox_api::wire::CONTROLLER_NAME.to_owned(),
-            instance: std::env::var("POD_NAME").ok(),
-        };
         Self {
-            recorder: Recorder::new(client.clone(), reporter),
+            creations: Mutex::new(TokenBucket::new(config.create_rate, Instant::now())),
+            recorder: Recorder::new(client.clone(), reporter()),
             client,
             config,
             caches,
@@ -103,6 +103,11 @@ impl Context {
                 tracing::debug!(%error, reason = %event.reason, "failed to publish an Event");
             }
         });
+    }
+
+    /// Takes a token for one pool member creation, or says how long until one is there.
+    pub fn take_creation_token(&self) -> Result<(), Duration> {
+        lock(&self.creations).take(Instant::now())
     }
 
     /// Records that `name` was created for `pool_key`.
@@ -200,6 +205,14 @@ impl Context {
     /// Forgets a claim (deleted, or its latency recorded).
     pub fn forget_claim(&self, uid: &str) {
         lock(&self.claims_seen).remove(uid);
+    }
+}
+
+/// Who the controller's Events say they come from.
+pub fn reporter() -> Reporter {
+    Reporter {
+        controller: agent_sandbox_api::wire::CONTROLLER_NAME.to_owned(),
+        instance: std::env::var("POD_NAME").ok(),
     }
 }
 

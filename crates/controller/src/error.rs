@@ -129,6 +129,19 @@ pub(crate) fn is_not_found(error: &kube::Error) -> bool {
     api_status(error) == Some(404)
 }
 
+/// True for 422 Unprocessable Entity: the object itself is invalid; sending it again cannot help.
+pub(crate) fn is_invalid(error: &kube::Error) -> bool {
+    api_status(error) == Some(422)
+}
+
+/// The API server's message of an API error (the error itself otherwise).
+pub(crate) fn api_message(error: &kube::Error) -> String {
+    match error {
+        kube::Error::Api(status) if !status.message.is_empty() => status.message.clone(),
+        other => other.to_string(),
+    }
+}
+
 /// True for 409 Conflict (stale resourceVersion) or AlreadyExists.
 pub(crate) fn is_conflict(error: &kube::Error) -> bool {
     api_status(error) == Some(409)

@@ -16,7 +16,9 @@ pub mod decide;
 pub mod error;
 pub mod http;
 pub mod leader;
+pub mod lenient;
 pub mod metrics;
+pub mod rate;
 pub mod reconcile;
 
 use std::future::Future;
@@ -111,6 +113,18 @@ where
 }
 
 type ShutdownSignal = Shared<futures::future::BoxFuture<'static, ()>>;
+
+/// How long shutdown waits for the Lease release; past it the Lease simply expires.
+const RELEASE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+async fn release_lease(api: &Api<Lease>, settings: &config::LeaderElection) {
+    match tokio::time::timeout(RELEASE_TIMEOUT, leader::release(api, settings)).await {
+        Ok(Ok(true)) => tracing::info!(lease = %settings.name, "released leadership"),
+        Ok(Ok(false)) => {}
+        Ok(Err(error)) => tracing::warn!(%error, "failed to release the leader Lease"),
+        Err(_) => tracing::warn!(lease = %settings.name, "releasing the leader Lease timed out"),
+    }
+}
 
 /// Runs the controller until `shutdown` resolves (or leadership is lost, which is an error).
 pub async fn run(
@@ -306,7 +320,12 @@ pub async fn run(
     let outcome = match &lease_api {
         Some((api, settings)) => {
             tokio::select! {
-                _ = controllers => Ok(()),
+                _ = controllers => {
+                    // Every reconcile has finished: hand leadership over now rather than after
+                    // the lease duration.
+                    release_lease(api, settings).await;
+                    Ok(())
+                }
                 error = leader::keep(api, settings) => Err(error),
             }
         }

@@ -1,21 +1,56 @@
 //! `agent-sandbox-controller`: parses flags, sets up logging, runs the controller until SIGTERM.
+//!
+//! Errors end the process with one line on stderr, never a backtrace (those are for panics):
+//! exit code 2 for a configuration error (a bad flag value, no usable kubeconfig), as clap
+//! gives for a malformed flag; 1 for a failure while running.
 
-use agent_sandbox_controller::Args;
-use anyhow::Context as _;
+use std::process::ExitCode;
+
+use agent_sandbox_controller::{Args, Error};
 use clap::Parser;
 
+/// Exit code of a configuration error.
+const CONFIGURATION_ERROR: u8 = 2;
+/// Exit code of a failure while running (CRDs missing, leadership lost, a listener failed).
+const RUN_ERROR: u8 = 1;
+
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> ExitCode {
     let args = Args::parse();
     init_tracing(&args.log_format);
     // kube and reqwest both use rustls; name the one provider explicitly.
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-    let config = args.into_config().map_err(anyhow::Error::msg)?;
-    let client = kube::Client::try_default()
-        .await
-        .context("failed to create a Kubernetes client from the kubeconfig or in-cluster config")?;
-    agent_sandbox_controller::run(client, config, shutdown_signal()).await?;
-    Ok(())
+    let config = match args.into_config() {
+        Ok(config) => config,
+        Err(message) => return fail(CONFIGURATION_ERROR, &message),
+    };
+    let client = match kube::Client::try_default().await {
+        Ok(client) => client,
+        Err(error) => {
+            return fail(
+                CONFIGURATION_ERROR,
+                &format!(
+                    "{}; set KUBECONFIG to a readable kubeconfig, or run in a pod",
+                    Error::Client(error)
+                ),
+            );
+        }
+    };
+    match agent_sandbox_controller::run(client, config, shutdown_signal()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => fail(RUN_ERROR, &error.to_string()),
+    }
+}
+
+/// Prints `message` as one line and gives the exit code.
+fn fail(code: u8, message: &str) -> ExitCode {
+    let line: Vec<&str> = message
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    eprintln!("agent-sandbox-controller: error: {}", line.join(" "));
+    ExitCode::from(code)
 }
 
 fn init_tracing(format: &str) {

@@ -10,7 +10,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use agent_sandbox_api::claim::{ClaimLifecycle, ClaimShutdownPolicy, EnvVar, SandboxWarmPoolRef};
-use agent_sandbox_api::conditions::{claim as claim_cond, sandbox as sandbox_cond};
+use agent_sandbox_api::conditions::{
+    claim as claim_cond, events as event_reasons, sandbox as sandbox_cond, warm_pool as pool_cond,
+};
 use agent_sandbox_api::sandbox::{
     EmbeddedObjectMetadata, OperatingMode, PersistentVolumeClaimTemplate, PodTemplate,
     SandboxBlueprint, ShutdownPolicy,
@@ -22,15 +24,24 @@ use agent_sandbox_api::{
     SandboxWarmPool, SandboxWarmPoolSpec, labels, name_hash,
 };
 use agent_sandbox_controller::Config;
+use agent_sandbox_controller::config::LeaderElection;
 use agent_sandbox_sim::{Program, Sim, SimConfig, runtime_entry, test_support::workspace_binary};
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
     Container, ContainerPort, PersistentVolumeClaim, PersistentVolumeClaimSpec, Pod, PodSpec,
     VolumeResourceRequirements,
 };
+use k8s_openapi::api::events::v1::Event as KubeEvent;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, JSONSchemaProps,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{ApiResource, DynamicObject};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
@@ -90,18 +101,25 @@ impl Harness {
 
     /// Starts (or restarts) the controller in this process.
     fn start_controller(&mut self) {
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let client = self.client.clone();
-        let config = self.config.clone();
-        self.controller = Some(tokio::spawn(async move {
-            let shutdown = async move {
-                let _ = stopped.await;
-            };
-            if let Err(error) = agent_sandbox_controller::run(client, config, shutdown).await {
-                panic!("controller failed: {error}");
-            }
-        }));
+        let (task, stop) = spawn_controller(self.client.clone(), self.config.clone());
+        self.controller = Some(task);
         self.stop = Some(stop);
+    }
+
+    /// Stops the controller the way SIGTERM does (graceful shutdown) and waits for it to end.
+    async fn stop_controller(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(mut task) = self.controller.take() {
+            match tokio::time::timeout(WAIT, &mut task).await {
+                Ok(ended) => ended.unwrap(),
+                Err(_) => {
+                    task.abort();
+                    panic!("the controller did not stop within {WAIT:?}");
+                }
+            }
+        }
     }
 
     /// Kills the controller abruptly (in-flight requests are dropped), as a crash would.
@@ -149,6 +167,32 @@ impl Harness {
         K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
     {
         Api::namespaced(self.client.clone(), NS)
+    }
+}
+
+/// Runs the controller in this process until the returned sender fires (or is dropped).
+fn spawn_controller(
+    client: Client,
+    config: Config,
+) -> (JoinHandle<()>, tokio::sync::oneshot::Sender<()>) {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let shutdown = async move {
+            let _ = stopped.await;
+        };
+        if let Err(error) = agent_sandbox_controller::run(client, config, shutdown).await {
+            panic!("controller failed: {error}");
+        }
+    });
+    (task, stop)
+}
+
+/// Aborts a task when dropped, so that a failing test leaves nothing running.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -985,4 +1029,456 @@ async fn the_controller_becomes_ready_with_a_thousand_sandboxes_already_there() 
         |count| *count == COUNT,
     )
     .await;
+}
+
+fn free_addr() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// Removes every `maximum` from a schema: the CRDs as they were before integer bounds.
+fn without_maxima(schema: &mut JSONSchemaProps) {
+    schema.maximum = None;
+    for child in schema.properties.iter_mut().flat_map(|p| p.values_mut()) {
+        without_maxima(child);
+    }
+}
+
+/// Regression (issue 15): a pool stored with `replicas: 2147483648` (accepted by the CRD before
+/// it had bounds) made the pool list undecodable, so a restarted controller never became ready.
+/// Now that pool is reported (a Warning Event naming the field) and skipped; the others are
+/// reconciled and `/readyz` answers 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecodable_pool_is_reported_and_skipped_while_the_rest_reconciles() {
+    let health = free_addr();
+    let mut h = Harness::start_with(Config {
+        health_addr: Some(health),
+        ..Config::default()
+    })
+    .await;
+    h.kill_controller();
+    let _dump = h.dump_on_panic();
+
+    // The pool is stored under an older CRD without bounds, then the CRD is upgraded, as a real
+    // upgrade of an existing cluster would do.
+    let crds: Api<CustomResourceDefinition> = Api::all(h.client.clone());
+    let name = "sandboxwarmpools.extensions.agents.x-k8s.io";
+    let current = crds.get(name).await.unwrap();
+    let mut older = current.clone();
+    for version in &mut older.spec.versions {
+        without_maxima(
+            version
+                .schema
+                .as_mut()
+                .unwrap()
+                .open_api_v3_schema
+                .as_mut()
+                .unwrap(),
+        );
+    }
+    let older = crds
+        .replace(name, &PostParams::default(), &older)
+        .await
+        .unwrap();
+    let pools = Api::<DynamicObject>::namespaced_with(
+        h.client.clone(),
+        NS,
+        &ApiResource::erase::<SandboxWarmPool>(&()),
+    );
+    let huge = |name: &str| -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "extensions.agents.x-k8s.io/v1beta1",
+            "kind": "SandboxWarmPool",
+            "metadata": {"name": name},
+            "spec": {"replicas": 2_147_483_648_i64, "sandboxTemplateRef": {"name": "python"}}
+        }))
+        .unwrap()
+    };
+    pools
+        .create(&PostParams::default(), &huge("huge"))
+        .await
+        .unwrap();
+    let mut upgraded = current;
+    upgraded.metadata.resource_version = older.metadata.resource_version;
+    crds.replace(name, &PostParams::default(), &upgraded)
+        .await
+        .unwrap();
+    assert!(
+        pools
+            .create(&PostParams::default(), &huge("huge-again"))
+            .await
+            .is_err(),
+        "the upgraded CRD refuses what the old one stored"
+    );
+
+    create(&h.api(), &template("python")).await;
+    create(&h.api(), &pool("good", "python", 2)).await;
+    h.start_controller();
+    wait_for(
+        "/readyz to answer 200",
+        || async { Some(http_status(health, "/readyz").await) },
+        |status| *status == Some(200),
+    )
+    .await;
+    ready_pool(&h, "good", 2).await;
+
+    let events: Api<KubeEvent> = h.api();
+    let event = wait_for(
+        "the UndecodableObject Event on the huge pool",
+        || async {
+            events
+                .list(&Default::default())
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .find(|event| {
+                    event.reason.as_deref() == Some(event_reasons::UNDECODABLE_OBJECT)
+                        && event
+                            .regarding
+                            .as_ref()
+                            .is_some_and(|r| r.name.as_deref() == Some("huge"))
+                })
+        },
+        |_| true,
+    )
+    .await;
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    let note = event.note.unwrap_or_default();
+    assert!(
+        note.contains("SandboxWarmPool default/huge")
+            && note.contains("spec.replicas")
+            && note.contains("2147483648"),
+        "{note}"
+    );
+    let sandboxes: Api<Sandbox> = h.api();
+    let members = sandboxes.list(&Default::default()).await.unwrap().items;
+    assert!(
+        members.iter().all(|s| s.name_any().starts_with("good-")),
+        "nothing was built for the undecodable pool: {:?}",
+        members
+            .iter()
+            .map(ResourceExt::name_any)
+            .collect::<Vec<_>>()
+    );
+}
+
+/// Regression (issue 15): a `shutdownTime` more than 584 years ahead overflowed into "expired"
+/// and the pod was deleted at once; the end of year 9999 is a valid far future.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_expiring_at_the_end_of_year_9999_keeps_its_pod() {
+    let h = Harness::start().await;
+    let _dump = h.dump_on_panic();
+    let sandboxes: Api<Sandbox> = h.api();
+    let pods: Api<Pod> = h.api();
+    let mut forever = sandbox("forever");
+    forever.spec.lifecycle.shutdown_time = Some(Time(
+        agent_sandbox_api::time::parse("9999-12-31T23:59:59Z").unwrap(),
+    ));
+    create(&sandboxes, &forever).await;
+    let stored = Api::<DynamicObject>::namespaced_with(
+        h.client.clone(),
+        NS,
+        &ApiResource::erase::<Sandbox>(&()),
+    )
+    .get("forever")
+    .await
+    .unwrap();
+    assert_eq!(
+        stored.data["spec"]["shutdownTime"],
+        json!("9999-12-31T23:59:59Z"),
+        "stored as written"
+    );
+    wait_for(
+        "forever to be Ready",
+        || get(&sandboxes, "forever"),
+        sandbox_ready,
+    )
+    .await;
+    let pod = get(&pods, "forever").await.unwrap();
+
+    // Another pass, for a new generation, still finds it far from expiry.
+    sandboxes
+        .patch(
+            "forever",
+            &PatchParams::default(),
+            &Patch::Merge(
+                &json!({"spec": {"podTemplate": {"metadata": {"labels": {"pass": "2"}}}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let again = wait_for(
+        "forever to be Ready for generation 2",
+        || get(&sandboxes, "forever"),
+        |s: &Sandbox| {
+            s.status.as_ref().is_some_and(|st| {
+                st.conditions.iter().any(|c| {
+                    c.type_ == sandbox_cond::READY
+                        && c.status == "True"
+                        && c.observed_generation == Some(2)
+                })
+            })
+        },
+    )
+    .await;
+    assert!(!condition_is(
+        &again.status.unwrap().conditions,
+        sandbox_cond::READY,
+        "False",
+        sandbox_cond::REASON_EXPIRED
+    ));
+    let still = get(&pods, "forever").await.expect("the pod is kept");
+    assert_eq!(still.metadata.uid, pod.metadata.uid);
+    assert_eq!(
+        still.labels().get("pass").map(String::as_str),
+        Some("2"),
+        "the second pass ran"
+    );
+}
+
+/// Regression (issue 15): a controller stopped by SIGTERM kept its Lease until it expired, so
+/// every rolling restart left a lease duration without a leader. Now it releases the Lease on
+/// the way out and a standby takes over at its next attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_leader_hands_the_lease_to_a_standby() {
+    // A lease so long that only a release explains a takeover within the test.
+    let election = |identity: &str| LeaderElection {
+        namespace: NS.into(),
+        name: "controller-leader".into(),
+        identity: identity.into(),
+        lease_duration: Duration::from_secs(600),
+    };
+    let mut h = Harness::start_with(Config {
+        leader_election: Some(election("first")),
+        ..Config::default()
+    })
+    .await;
+    let leases: Api<Lease> = h.api();
+    let holder = |lease: &Lease| {
+        lease
+            .spec
+            .as_ref()
+            .and_then(|spec| spec.holder_identity.clone())
+            .unwrap_or_default()
+    };
+    wait_for(
+        "first to lead",
+        || get(&leases, "controller-leader"),
+        |lease| holder(lease) == "first",
+    )
+    .await;
+    let (standby, _stop_standby) = spawn_controller(
+        h.client.clone(),
+        Config {
+            leader_election: Some(election("second")),
+            ..Config::default()
+        },
+    );
+    let _standby = AbortOnDrop(standby);
+
+    h.stop_controller().await;
+    let released = get(&leases, "controller-leader").await.unwrap();
+    assert_ne!(
+        holder(&released),
+        "first",
+        "a stopped leader gives its Lease up: {released:?}"
+    );
+    wait_for(
+        "second to lead",
+        || get(&leases, "controller-leader"),
+        |lease| holder(lease) == "second",
+    )
+    .await;
+}
+
+fn pool_conditions(pool: &SandboxWarmPool) -> &[Condition] {
+    pool.status
+        .as_ref()
+        .map_or(&[][..], |status| status.conditions.as_slice())
+}
+
+/// Every Sandbox the test's watch saw being added, with the resourceVersion it was added at.
+type Creations = std::sync::Arc<std::sync::Mutex<Vec<(String, u64)>>>;
+
+/// Records every Sandbox added from now on (also those deleted again at once).
+async fn record_creations(api: Api<Sandbox>) -> (Creations, AbortOnDrop) {
+    use kube::runtime::watcher;
+    let seen: Creations = Creations::default();
+    let (listed_tx, listed_rx) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn({
+        let seen = seen.clone();
+        async move {
+            let mut listed = Some(listed_tx);
+            let mut events = std::pin::pin!(watcher(api, watcher::Config::default()));
+            while let Some(event) = events.next().await {
+                match event {
+                    Ok(watcher::Event::Apply(sandbox) | watcher::Event::InitApply(sandbox)) => {
+                        let version = sandbox
+                            .metadata
+                            .resource_version
+                            .as_deref()
+                            .unwrap()
+                            .parse()
+                            .unwrap();
+                        let mut seen = seen.lock().unwrap();
+                        if !seen.iter().any(|(name, _)| *name == sandbox.name_any()) {
+                            seen.push((sandbox.name_any(), version));
+                        }
+                    }
+                    Ok(watcher::Event::InitDone) => {
+                        if let Some(listed) = listed.take() {
+                            let _ = listed.send(());
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    });
+    listed_rx.await.unwrap();
+    (seen, AbortOnDrop(task))
+}
+
+fn created_with_prefix(seen: &Creations, prefix: &str) -> Vec<(String, u64)> {
+    seen.lock()
+        .unwrap()
+        .iter()
+        .filter(|(name, _)| name.starts_with(prefix))
+        .cloned()
+        .collect()
+}
+
+/// Regression (issue 15): `replicas: 1000000` was pursued at ~200 Sandboxes a second, and
+/// creation went on long after the pool was deleted. Now the pool is capped at the controller's
+/// maximum and says so, members are created at the controller's pace, and creation stops the
+/// moment the pool is being deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_pool_is_capped_paced_and_stops_creating_once_deleted() {
+    let h = Harness::start_with(Config {
+        create_rate: 2,
+        ..Config::default()
+    })
+    .await;
+    let _dump = h.dump_on_panic();
+    let (seen, _watch) = record_creations(h.api()).await;
+    create(&h.api(), &template("python")).await;
+    let pools: Api<SandboxWarmPool> = h.api();
+    create(&pools, &pool("huge", "python", 1_000_000)).await;
+
+    let capped = wait_for(
+        "the pool to say it is capped",
+        || get(&pools, "huge"),
+        |p: &SandboxWarmPool| {
+            condition_is(
+                pool_conditions(p),
+                pool_cond::CAPPED,
+                "True",
+                pool_cond::REASON_MAX_REPLICAS_EXCEEDED,
+            )
+        },
+    )
+    .await;
+    let message = &pool_conditions(&capped)[0].message;
+    assert_eq!(
+        message,
+        "spec.replicas 1000000 is more than this controller keeps per pool (1000, \
+         --sandbox-warm-pool-max-replicas); keeping 1000"
+    );
+    wait_for(
+        "a few members",
+        || async { Some(created_with_prefix(&seen, "huge-").len()) },
+        |n| *n >= 3,
+    )
+    .await;
+
+    // Foreground deletion: the pool stays, being deleted, until its members are gone.
+    let deleted = pools
+        .delete("huge", &DeleteParams::foreground())
+        .await
+        .unwrap()
+        .left()
+        .expect("a foreground deletion returns the pool being deleted");
+    let deleted_at: u64 = deleted.metadata.resource_version.unwrap().parse().unwrap();
+    wait_for(
+        "the pool to be gone",
+        || async { Some(get(&pools, "huge").await.is_none()) },
+        |gone| *gone,
+    )
+    .await;
+    // A fence: a new pool's first member needs the next token of the same bucket, so anything
+    // the deleted pool still had queued would have been created by then.
+    create(&pools, &pool("fence", "python", 1)).await;
+    wait_for(
+        "the fence pool's member",
+        || async { Some(created_with_prefix(&seen, "fence-").len()) },
+        |n| *n == 1,
+    )
+    .await;
+    let late: Vec<(String, u64)> = created_with_prefix(&seen, "huge-")
+        .into_iter()
+        .filter(|(_, version)| *version > deleted_at)
+        .collect();
+    // At most the one create that was on the wire when the deletion came.
+    assert!(
+        late.len() <= 1,
+        "members created after the pool's deletion: {late:?}"
+    );
+}
+
+/// Regression (issue 15): a Sandbox with `containers: []` (which upstream's schema allows too)
+/// was retried every 2 s forever. The API server's refusal is terminal: `Ready=False`
+/// `InvalidPodTemplate` with its message, and the pod is not sent again for this generation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_without_containers_is_refused_once_and_says_why() {
+    let h = Harness::start().await;
+    let _dump = h.dump_on_panic();
+    let sandboxes: Api<Sandbox> = h.api();
+    let mut empty = sandbox("empty");
+    empty.spec.blueprint.pod_template.spec.containers = vec![];
+    create(&sandboxes, &empty).await;
+    let refused = wait_for(
+        "empty to be refused",
+        || get(&sandboxes, "empty"),
+        |s: &Sandbox| {
+            s.status.as_ref().is_some_and(|st| {
+                condition_is(
+                    &st.conditions,
+                    sandbox_cond::READY,
+                    "False",
+                    sandbox_cond::REASON_INVALID_POD_TEMPLATE,
+                )
+            })
+        },
+    )
+    .await;
+    let ready = refused
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == sandbox_cond::READY)
+        .unwrap();
+    assert!(
+        ready.message.contains("spec.containers"),
+        "{}",
+        ready.message
+    );
+
+    // A fence: another sandbox comes up; meanwhile the refused pod was not sent again (the
+    // status write above woke the reconciler once more).
+    create(&sandboxes, &sandbox("other")).await;
+    wait_for(
+        "other to be Ready",
+        || get(&sandboxes, "other"),
+        sandbox_ready,
+    )
+    .await;
+    assert_eq!(
+        h.sim.request_counts().get("create", "", "pods"),
+        2,
+        "one refused pod and other's"
+    );
 }

@@ -28,8 +28,8 @@ use serde_json::{Map, Value, json};
 use super::secure_defaults::{self, DnsMode};
 use super::warm_pool::{is_ready, is_stale};
 use super::{
-    condition, controller_of, controller_reference, find_condition, remaining, remove_condition,
-    set_condition,
+    after, condition, controller_of, controller_reference, find_condition, remaining,
+    remove_condition, set_condition,
 };
 
 /// Annotation and label domains a claim's `additionalPodMetadata` may never use (except
@@ -495,11 +495,7 @@ pub fn pick(
         .creation_timestamp
         .as_ref()
         .map_or(now, |t| t.0);
-    let deadline = Timestamp::from_nanosecond(
-        claimed_at.as_nanosecond() + i128::try_from(warm_wait.as_nanos()).unwrap_or(0),
-    )
-    .unwrap_or(now);
-    match remaining(deadline, now) {
+    match remaining(after(claimed_at, warm_wait), now) {
         Some(left) => Pick::Wait(left),
         None => Pick::Adopt(names(&usable)),
     }
@@ -592,11 +588,8 @@ pub fn expires_at(claim: &SandboxClaim, sandbox: Option<&Sandbox>) -> Option<Tim
                     .and_then(|status| find_condition(&status.conditions, claim_cond::FINISHED))
             })
             .filter(|condition| condition.status == "True")?;
-        finished
-            .last_transition_time
-            .0
-            .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(i64::from(ttl)))
-            .ok()
+        let ttl = std::time::Duration::from_secs(u64::try_from(ttl).unwrap_or(0));
+        Some(after(finished.last_transition_time.0, ttl))
     });
     match (absolute, after_finish) {
         (Some(a), Some(b)) => Some(a.min(b)),

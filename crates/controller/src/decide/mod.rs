@@ -116,12 +116,31 @@ pub fn is_condition_true(conditions: &[Condition], type_: &str) -> bool {
 }
 
 /// Time from `now` until `deadline`, or `None` once it has passed.
+///
+/// Exact for any two timestamps (the whole `Timestamp` range spans under 2^40 seconds); a
+/// deadline beyond 584 years no longer overflows a `u64` of nanoseconds into "expired".
 pub fn remaining(deadline: Timestamp, now: Timestamp) -> Option<Duration> {
-    let nanos = deadline.as_nanosecond() - now.as_nanosecond();
+    let nanos = deadline
+        .as_nanosecond()
+        .checked_sub(now.as_nanosecond())
+        .unwrap_or(i128::MAX);
     if nanos <= 0 {
         return None;
     }
-    u64::try_from(nanos).ok().map(Duration::from_nanos)
+    let nanos = nanos.unsigned_abs();
+    let seconds = u64::try_from(nanos / 1_000_000_000).unwrap_or(u64::MAX);
+    let subsecond = u32::try_from(nanos % 1_000_000_000).unwrap_or(0);
+    Some(Duration::new(seconds, subsecond))
+}
+
+/// `start` plus `span`, saturating at `Timestamp::MAX`: a deadline too far to represent is
+/// "never", not an error or a panic.
+pub fn after(start: Timestamp, span: Duration) -> Timestamp {
+    i128::try_from(span.as_nanos())
+        .ok()
+        .and_then(|nanos| start.as_nanosecond().checked_add(nanos))
+        .and_then(|nanos| Timestamp::from_nanosecond(nanos).ok())
+        .unwrap_or(Timestamp::MAX)
 }
 
 /// Normalises a `created-by` label value the way upstream does (plus our Rust SDK's value).
@@ -263,5 +282,31 @@ mod tests {
         assert_eq!(remaining(t1, t0), Some(Duration::from_secs(5)));
         assert_eq!(remaining(t0, t1), None);
         assert_eq!(remaining(t0, t0), None);
+    }
+
+    /// Regression (issue 15): a deadline more than 584 years ahead overflowed into "expired".
+    #[test]
+    fn far_deadlines_are_far_not_expired() {
+        let now: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
+        let end = agent_sandbox_api::time::parse("9999-12-31T23:59:59Z").unwrap();
+        let left = remaining(end, now).expect("the end of year 9999 is in the future");
+        assert!(left > Duration::from_secs(7_900 * 365 * 86_400), "{left:?}");
+        let in_600_years = after(now, Duration::from_secs(600 * 365 * 86_400));
+        assert_eq!(
+            remaining(in_600_years, now),
+            Some(Duration::from_secs(600 * 365 * 86_400))
+        );
+        assert!(
+            remaining(Timestamp::MAX, Timestamp::MIN)
+                .is_some_and(|span| span.as_secs() > 600_000_000_000),
+            "twenty thousand years"
+        );
+        assert_eq!(remaining(Timestamp::MIN, Timestamp::MAX), None);
+        assert_eq!(after(now, Duration::MAX), Timestamp::MAX);
+        assert_eq!(after(end, Duration::from_secs(1)), Timestamp::MAX);
+        assert_eq!(
+            after(now, Duration::from_secs(5)),
+            "2026-01-01T00:00:05Z".parse::<Timestamp>().unwrap()
+        );
     }
 }

@@ -575,6 +575,8 @@ pub fn expired_status(
 pub enum Problem {
     /// More than one pod is controlled by the sandbox.
     MultiplePods(usize),
+    /// The API server refused the pod as invalid (its message): terminal until the spec changes.
+    InvalidPodTemplate(String),
     /// Any other failure, with its message.
     Error(String),
 }
@@ -833,6 +835,9 @@ fn ready_condition(
                 format!("Error seen: {message}"),
             );
         }
+        Some(Problem::InvalidPodTemplate(message)) => {
+            return not_ready(cond::REASON_INVALID_POD_TEMPLATE, message.clone());
+        }
         None => {}
     }
     if sandbox.spec.operating_mode == OperatingMode::Suspended {
@@ -906,6 +911,28 @@ pub fn only_node_name_changed(old: &SandboxStatus, new: &SandboxStatus) -> bool 
     let mut scratch = new.clone();
     scratch.node_name.clone_from(&old.node_name);
     &scratch == old && !super::is_condition_true(&new.conditions, cond::READY)
+}
+
+/// The API server's refusal of this generation's pod, when the status records one: the pod is
+/// not sent again until the spec (and with it the generation) changes.
+pub fn rejected_pod_template(sandbox: &Sandbox) -> Option<String> {
+    let ready = sandbox
+        .status
+        .as_ref()
+        .and_then(|status| find_condition(&status.conditions, cond::READY))?;
+    (ready.reason == cond::REASON_INVALID_POD_TEMPLATE
+        && ready.observed_generation == sandbox.metadata.generation)
+        .then(|| ready.message.clone())
+}
+
+/// The pool that controls `sandbox` (name and UID), when a pool does.
+pub fn owning_pool(sandbox: &Sandbox) -> Option<(&str, &str)> {
+    controller_of(&sandbox.metadata)
+        .filter(|owner| {
+            owner.kind == "SandboxWarmPool"
+                && owner.api_version.split('/').next() == Some(agent_sandbox_api::EXTENSIONS_GROUP)
+        })
+        .map(|owner| (owner.name.as_str(), owner.uid.as_str()))
 }
 
 /// The merge patch that clears a stale `pod-name` annotation.
@@ -1151,6 +1178,70 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    /// Regression (issue 15): a pod the API server refuses as invalid (`containers: []`) was
+    /// retried every 2 s forever. The refusal is a terminal status for the generation.
+    #[test]
+    fn an_invalid_pod_template_is_terminal_for_its_generation() {
+        let mut sb = sandbox("box");
+        assert_eq!(rejected_pod_template(&sb), None);
+        let message = "Pod \"box\" is invalid: spec.containers: Required value";
+        let refused = status(
+            &sb,
+            &Observed {
+                problem: Some(Problem::InvalidPodTemplate(message.into())),
+                ..Observed::default()
+            },
+            "cluster.local",
+            now(),
+        );
+        let ready = find_condition(&refused.conditions, cond::READY).unwrap();
+        assert_eq!(
+            (
+                ready.status.as_str(),
+                ready.reason.as_str(),
+                ready.message.as_str()
+            ),
+            ("False", "InvalidPodTemplate", message)
+        );
+        sb.status = Some(refused);
+        assert_eq!(rejected_pod_template(&sb).as_deref(), Some(message));
+        sb.metadata.generation = Some(2);
+        assert_eq!(
+            rejected_pod_template(&sb),
+            None,
+            "a new spec gets a new attempt"
+        );
+    }
+
+    #[test]
+    fn the_owning_pool_is_the_controller_of_kind_pool() {
+        let mut sb = sandbox("box");
+        assert_eq!(owning_pool(&sb), None);
+        let pool_reference = |api_version: &str, kind: &str| {
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: api_version.into(),
+                kind: kind.into(),
+                name: "pool".into(),
+                uid: "pool-uid".into(),
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            }
+        };
+        sb.metadata.owner_references = Some(vec![pool_reference(
+            "extensions.agents.x-k8s.io/v1beta1",
+            "SandboxWarmPool",
+        )]);
+        assert_eq!(owning_pool(&sb), Some(("pool", "pool-uid")));
+        sb.metadata.owner_references = Some(vec![pool_reference(
+            "extensions.agents.x-k8s.io/v1beta1",
+            "SandboxClaim",
+        )]);
+        assert_eq!(owning_pool(&sb), None, "claimed");
+        sb.metadata.owner_references =
+            Some(vec![pool_reference("example.com/v1", "SandboxWarmPool")]);
+        assert_eq!(owning_pool(&sb), None, "another group's kind");
     }
 
     #[test]

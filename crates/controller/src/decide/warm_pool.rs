@@ -4,9 +4,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use agent_sandbox_api::conditions::sandbox as cond;
+use agent_sandbox_api::conditions::{sandbox as cond, warm_pool as pool_cond};
 use agent_sandbox_api::sandbox::Sandbox;
 use agent_sandbox_api::warm_pool::UpdateStrategyType;
+use agent_sandbox_api::wire::controller_flags;
 use agent_sandbox_api::{
     SandboxSpec, SandboxTemplate, SandboxWarmPool, SandboxWarmPoolStatus, annotations, fnv1a_32,
     labels, name_hash,
@@ -15,7 +16,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 
 use super::secure_defaults::{self, DnsMode};
-use super::{controller_reference, find_condition, is_condition_true, remaining};
+use super::{
+    after, condition, controller_reference, find_condition, is_condition_true, remaining,
+    remove_condition, set_condition,
+};
 
 /// Settings that shape pool members.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -171,6 +175,12 @@ fn created(member: &Sandbox) -> Timestamp {
         .map_or(Timestamp::UNIX_EPOCH, |time| time.0)
 }
 
+/// True while members are wanted for the pool with `uid`: `pool` (its metadata, from the cache
+/// or the API) is that pool and is not being deleted. Creation stops the moment this turns false.
+pub fn still_wanted(pool: Option<&ObjectMeta>, uid: &str) -> bool {
+    pool.is_some_and(|meta| meta.uid.as_deref() == Some(uid) && meta.deletion_timestamp.is_none())
+}
+
 /// Tunables of [`plan`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PlanSettings {
@@ -178,12 +188,14 @@ pub struct PlanSettings {
     pub readiness_grace: Duration,
     /// At most this many members are created per pass.
     pub max_batch: usize,
+    /// At most this many members are kept per pool, whatever `spec.replicas` says.
+    pub max_replicas: usize,
     /// DNS of members, for staleness.
     pub dns: DnsMode,
 }
 
 /// What the pool reconciler should do in one pass.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Plan {
     /// How many new members to create.
     pub create: usize,
@@ -208,7 +220,8 @@ pub fn plan(
     now: Timestamp,
 ) -> Plan {
     let mut plan = Plan::default();
-    let desired = usize::try_from(pool.spec.replicas.max(0)).unwrap_or(0);
+    let requested = usize::try_from(pool.spec.replicas.max(0)).unwrap_or(0);
+    let desired = requested.min(settings.max_replicas);
     let recreate = pool.spec.update_strategy_type() == UpdateStrategyType::Recreate;
     let mut kept: Vec<&Sandbox> = Vec::new();
     let mut deleting = 0usize;
@@ -227,11 +240,7 @@ pub fn plan(
             continue;
         }
         if !is_ready(member) {
-            let deadline = Timestamp::from_nanosecond(
-                created(member).as_nanosecond()
-                    + i128::try_from(settings.readiness_grace.as_nanos()).unwrap_or(i128::MAX),
-            )
-            .unwrap_or(Timestamp::MAX);
+            let deadline = after(created(member), settings.readiness_grace);
             match remaining(deadline, now) {
                 None if is_unschedulable(member) => plan.unschedulable.push(name),
                 None => {
@@ -276,11 +285,37 @@ pub fn plan(
     }
 
     let ready = kept.iter().filter(|m| is_ready(m)).count();
+    let mut conditions = pool
+        .status
+        .as_ref()
+        .map(|status| status.conditions.clone())
+        .unwrap_or_default();
+    if requested > desired {
+        let message = format!(
+            "spec.replicas {requested} is more than this controller keeps per pool ({desired}, \
+             --{}); keeping {desired}",
+            controller_flags::WARM_POOL_MAX_REPLICAS
+        );
+        set_condition(
+            &mut conditions,
+            condition(
+                pool_cond::CAPPED,
+                true,
+                pool_cond::REASON_MAX_REPLICAS_EXCEEDED,
+                message,
+                pool.metadata.generation,
+            ),
+            now,
+        );
+    } else {
+        remove_condition(&mut conditions, pool_cond::CAPPED);
+    }
     plan.status = SandboxWarmPoolStatus {
         replicas: i32::try_from(kept.len()).unwrap_or(i32::MAX),
         ready_replicas: i32::try_from(ready).unwrap_or(i32::MAX),
         selector: format!("{}={}", labels::WARM_POOL_SANDBOX, pool_hash(pool)),
         observed_generation: pool.metadata.generation.unwrap_or(0),
+        conditions,
     };
     plan
 }
@@ -341,6 +376,7 @@ mod tests {
         PlanSettings {
             readiness_grace: Duration::from_secs(300),
             max_batch: 300,
+            max_replicas: 1000,
             dns: settings().dns,
         }
     }
@@ -439,6 +475,76 @@ mod tests {
         assert_eq!(capped.create, 8);
         let no_template = super::plan(&pool(5), None, &[], 0, &plan_settings(), now());
         assert_eq!(no_template.create, 0);
+    }
+
+    /// Regression (issue 15): `replicas: 1000000` was pursued without limit.
+    #[test]
+    fn a_pool_above_the_maximum_is_capped_and_says_so() {
+        let settings = PlanSettings {
+            max_replicas: 4,
+            ..plan_settings()
+        };
+        let members: Vec<Sandbox> = (0..3).map(|i| built(&format!("m{i}"), 10, true)).collect();
+        let refs: Vec<&Sandbox> = members.iter().collect();
+        let huge = pool(1_000_000);
+        let capped = plan(&huge, Some(&template()), &refs, 0, &settings, now());
+        assert_eq!(
+            capped.create, 1,
+            "filled to the maximum, not to spec.replicas"
+        );
+        let [condition] = capped.status.conditions.as_slice() else {
+            panic!("one condition: {:?}", capped.status.conditions)
+        };
+        assert_eq!(
+            (
+                condition.type_.as_str(),
+                condition.status.as_str(),
+                condition.reason.as_str(),
+                condition.observed_generation
+            ),
+            ("Capped", "True", "MaxReplicasExceeded", Some(3))
+        );
+        assert_eq!(
+            condition.message,
+            "spec.replicas 1000000 is more than this controller keeps per pool (4, \
+             --sandbox-warm-pool-max-replicas); keeping 4"
+        );
+
+        // Members beyond a lowered maximum go; the condition stays while the pool asks for more.
+        let five: Vec<Sandbox> = (0..5)
+            .map(|i| built(&format!("m{i}"), 10 + i, true))
+            .collect();
+        let refs: Vec<&Sandbox> = five.iter().collect();
+        let mut again = huge.clone();
+        again.status = Some(capped.status.clone());
+        let later = now() + k8s_openapi::jiff::SignedDuration::from_secs(60);
+        let shrunk = plan(&again, Some(&template()), &refs, 0, &settings, later);
+        assert_eq!(shrunk.delete, vec![("m0".into(), "scale down")]);
+        assert_eq!(
+            shrunk.status.conditions, capped.status.conditions,
+            "unchanged: no status write"
+        );
+
+        // Back under the maximum: the condition goes.
+        let mut fits = pool(4);
+        fits.status = Some(capped.status);
+        let within = plan(&fits, Some(&template()), &refs[..4], 0, &settings, later);
+        assert!(within.status.conditions.is_empty());
+        assert_eq!(within.create, 0);
+    }
+
+    #[test]
+    fn members_are_wanted_only_while_their_pool_lives() {
+        let live = pool(3);
+        assert!(still_wanted(Some(&live.metadata), "pool-uid"));
+        assert!(!still_wanted(None, "pool-uid"), "gone from the cache");
+        assert!(
+            !still_wanted(Some(&live.metadata), "other-uid"),
+            "a new pool of the same name"
+        );
+        let mut deleting = live;
+        deleting.metadata.deletion_timestamp = Some(Time(now()));
+        assert!(!still_wanted(Some(&deleting.metadata), "pool-uid"));
     }
 
     #[test]

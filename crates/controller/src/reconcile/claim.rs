@@ -68,10 +68,12 @@ pub async fn reconcile(claim: Arc<SandboxClaim>, ctx: Arc<Context>) -> Result<Ac
     }
     let expiry_requeue = decide::expires_at(&claim, sandbox.as_ref())
         .and_then(|at| remaining(at, now))
-        .map(|left| left + Duration::from_millis(5));
-    let settle = |action: Action| match expiry_requeue {
-        Some(left) => Action::requeue(left),
-        None => action,
+        .map(|left| left.saturating_add(Duration::from_millis(5)));
+    // The sooner of the pass's own retry (if any) and the claim's expiry.
+    let settle = |retry: Option<Duration>| match (retry, expiry_requeue) {
+        (Some(retry), Some(expiry)) => Action::requeue(retry.min(expiry)),
+        (Some(after), None) | (None, Some(after)) => Action::requeue(after),
+        (None, None) => Action::await_change(),
     };
 
     if let Some(sandbox) = sandbox {
@@ -82,7 +84,7 @@ pub async fn reconcile(claim: Arc<SandboxClaim>, ctx: Arc<Context>) -> Result<Ac
         )
         .await?;
         record_ready(&claim, &sandbox, first_seen, &ctx);
-        return Ok(settle(Action::await_change()));
+        return Ok(settle(None));
     }
 
     // No sandbox yet: the pool and its template decide how to get one.
@@ -103,7 +105,7 @@ pub async fn reconcile(claim: Arc<SandboxClaim>, ctx: Arc<Context>) -> Result<Ac
             &ctx,
         )
         .await?;
-        return Ok(settle(Action::requeue(MISSING_RETRY)));
+        return Ok(settle(Some(MISSING_RETRY)));
     };
     let template_name = pool.spec.sandbox_template_ref.name.clone();
     let template = ctx
@@ -127,7 +129,7 @@ pub async fn reconcile(claim: Arc<SandboxClaim>, ctx: Arc<Context>) -> Result<Ac
             &ctx,
         )
         .await?;
-        return Ok(settle(Action::await_change()));
+        return Ok(settle(None));
     }
 
     let candidates: Vec<Arc<Sandbox>> = ctx.caches.sandboxes.state_filter(|sandbox| {
@@ -145,7 +147,7 @@ pub async fn reconcile(claim: Arc<SandboxClaim>, ctx: Arc<Context>) -> Result<Ac
     );
 
     match pick {
-        Pick::Wait(after) => Ok(Action::requeue(after)),
+        Pick::Wait(after) => Ok(settle(Some(after))),
         Pick::Adopt(names) => {
             for name in names.iter().take(ADOPTION_ATTEMPTS) {
                 let Some(candidate) = candidates
@@ -163,11 +165,11 @@ pub async fn reconcile(claim: Arc<SandboxClaim>, ctx: Arc<Context>) -> Result<Ac
                     .await?;
                     count_creation(&claim, &template_name, labels::LAUNCH_TYPE_WARM, &ctx);
                     record_ready(&claim, &adopted, first_seen, &ctx);
-                    return Ok(settle(Action::await_change()));
+                    return Ok(settle(None));
                 }
             }
             // Every candidate went to a concurrent claim: look again at once with fresh caches.
-            Ok(Action::requeue(CONFLICT_RETRY))
+            Ok(settle(Some(CONFLICT_RETRY)))
         }
         Pick::Cold => {
             let Some(template) = template else {
@@ -180,7 +182,7 @@ pub async fn reconcile(claim: Arc<SandboxClaim>, ctx: Arc<Context>) -> Result<Ac
                     &ctx,
                 )
                 .await?;
-                return Ok(settle(Action::requeue(MISSING_RETRY)));
+                return Ok(settle(Some(MISSING_RETRY)));
             };
             let desired = match decide::cold_sandbox(
                 &claim,
@@ -196,7 +198,7 @@ pub async fn reconcile(claim: Arc<SandboxClaim>, ctx: Arc<Context>) -> Result<Ac
                         &ctx,
                     )
                     .await?;
-                    return Ok(settle(Action::await_change()));
+                    return Ok(settle(None));
                 }
             };
             let created = create_cold(&claim, &desired, &ctx).await?;
@@ -219,7 +221,7 @@ pub async fn reconcile(claim: Arc<SandboxClaim>, ctx: Arc<Context>) -> Result<Ac
                         &ctx,
                     )
                     .await?;
-                    Ok(settle(Action::await_change()))
+                    Ok(settle(None))
                 }
                 None => {
                     let problem = ClaimProblem::AdoptionConflict(format!(
@@ -232,7 +234,7 @@ pub async fn reconcile(claim: Arc<SandboxClaim>, ctx: Arc<Context>) -> Result<Ac
                         &ctx,
                     )
                     .await?;
-                    Ok(settle(Action::requeue(MISSING_RETRY)))
+                    Ok(settle(Some(MISSING_RETRY)))
                 }
             }
         }

@@ -4,20 +4,21 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent_sandbox_api::Sandbox;
 use agent_sandbox_api::conditions::events as event_reasons;
 use agent_sandbox_api::sandbox::{OperatingMode, SandboxStatus, ShutdownPolicy};
+use agent_sandbox_api::{Sandbox, SandboxWarmPool};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
-use kube::{Api, ResourceExt};
+use kube::{Api, Resource, ResourceExt};
 use serde_json::{Value, json};
 
 use crate::context::{Context, now};
 use crate::decide::sandbox::{self as decide, ChildDecision, Expiry, Observed, Problem};
 use crate::decide::{Ownership, ownership};
-use crate::error::{Error, Result, is_conflict, is_not_found, kube_err};
+use crate::error::{Error, Result, api_message, is_conflict, is_invalid, is_not_found, kube_err};
+use crate::lenient::Lenient;
 
 const KIND: &str = "Sandbox";
 
@@ -53,7 +54,7 @@ pub async fn reconcile(sandbox: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Actio
                 now,
             );
             let mut requeue = match expiry {
-                Expiry::In(left) => Action::requeue(left + Duration::from_millis(5)),
+                Expiry::In(left) => Action::requeue(left.saturating_add(Duration::from_millis(5))),
                 _ => Action::await_change(),
             };
             if matches!(
@@ -142,6 +143,10 @@ async fn reconcile_children(sandbox: &Sandbox, ctx: &Context) -> Outcome {
             outcome.pod_lookup_failed = true;
             outcome.fail(error);
         }
+        // Not an error to retry: the status says why, and a spec change brings a new attempt.
+        Err(PodError::Invalid(message)) => {
+            outcome.problem = Some(Problem::InvalidPodTemplate(message));
+        }
         Err(PodError::Other(pod, error)) => {
             outcome.pod = pod.map(|pod| *pod);
             outcome.fail(error);
@@ -213,7 +218,36 @@ fn create_params() -> PostParams {
 enum PodError {
     Multiple(usize),
     Lookup(Error),
+    /// The API server refused the pod as invalid (422), with its message.
+    Invalid(String),
     Other(Option<Box<Pod>>, Error),
+}
+
+/// False when `sandbox` is a member of a pool that is being deleted or gone: its pod would only
+/// be deleted again with it. The cache answers for a live pool; a pool missing from the cache is
+/// looked up (decoded leniently, so that a pool the cache skipped as undecodable still counts as
+/// there). When in doubt, the pod is created.
+async fn pool_still_wants(sandbox: &Sandbox, ctx: &Context) -> bool {
+    let Some((pool, uid)) = decide::owning_pool(sandbox) else {
+        return true;
+    };
+    let namespace = sandbox.namespace().unwrap_or_default();
+    let cached = ctx
+        .caches
+        .pools
+        .get(&ObjectRef::<SandboxWarmPool>::new(pool).within(&namespace));
+    if let Some(cached) = &cached
+        && crate::decide::warm_pool::still_wanted(Some(&cached.metadata), uid)
+    {
+        return true;
+    }
+    let api: Api<Lenient<SandboxWarmPool>> = Api::namespaced(ctx.client.clone(), &namespace);
+    match api.get_opt(pool).await {
+        Ok(found) => {
+            crate::decide::warm_pool::still_wanted(found.as_ref().map(|pool| pool.meta()), uid)
+        }
+        Err(_) => true,
+    }
 }
 
 /// Finds the sandbox's pod in the cache: the tracked name and the sandbox's own name.
@@ -306,9 +340,19 @@ async fn reconcile_pod(sandbox: &Sandbox, ctx: &Context) -> Result<Option<Pod>, 
                 .await
                 .map_err(|e| PodError::Other(None, e))?;
         }
+        if let Some(message) = decide::rejected_pod_template(sandbox) {
+            return Err(PodError::Invalid(message));
+        }
+        if !pool_still_wants(sandbox, ctx).await {
+            tracing::debug!(sandbox = %name, "its pool is being deleted; no pod");
+            return Ok(None);
+        }
         let desired = decide::desired_pod(sandbox);
         match api.create(&create_params(), &desired).await {
             Ok(created) => return Ok(Some(created)),
+            Err(error) if is_invalid(&error) => {
+                return Err(PodError::Invalid(api_message(&error)));
+            }
             Err(error) if is_conflict(&error) => {
                 // Created by an earlier pass the cache has not shown yet, or a foreign pod.
                 pod = api

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use agent_sandbox_api::conditions::events as event_reasons;
 use agent_sandbox_api::{Sandbox, SandboxTemplate, SandboxWarmPool, labels};
-use futures::future::join_all;
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
@@ -82,6 +83,7 @@ pub async fn reconcile(pool: Arc<SandboxWarmPool>, ctx: Arc<Context>) -> Result<
     let settings = PlanSettings {
         readiness_grace: ctx.config.readiness_grace,
         max_batch: ctx.config.max_batch,
+        max_replicas: ctx.config.max_pool_replicas,
         dns: ctx.config.dns.clone(),
     };
     let plan = decide::plan(
@@ -129,21 +131,8 @@ pub async fn reconcile(pool: Arc<SandboxWarmPool>, ctx: Arc<Context>) -> Result<
         );
     }
 
-    if plan.create > 0
-        && let Some(template) = &template
-    {
-        let member = decide::member(
-            &pool,
-            template,
-            &MemberSettings {
-                dns: ctx.config.dns.clone(),
-                safe_to_evict: ctx.config.warm_pool_safe_to_evict,
-            },
-        );
-        create_members(&api, &member, plan.create, &pool_key, &ctx).await?;
-    }
-
-    // Status, when it changed (against what this controller wrote last, if the cache lags).
+    // Status, when it changed (against what this controller wrote last, if the cache lags);
+    // before the creations, which are paced and may take a while (a `Capped` pool says so at once).
     let current = ctx.freshest_status(&uid, pool.status.as_ref());
     if current.as_ref() != Some(&plan.status) {
         let pools: Api<SandboxWarmPool> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -170,48 +159,107 @@ pub async fn reconcile(pool: Arc<SandboxWarmPool>, ctx: Arc<Context>) -> Result<
         }
     }
 
+    if plan.create > 0
+        && let Some(template) = &template
+    {
+        let member = decide::member(
+            &pool,
+            template,
+            &MemberSettings {
+                dns: ctx.config.dns.clone(),
+                safe_to_evict: ctx.config.warm_pool_safe_to_evict,
+            },
+        );
+        create_members(&api, &member, plan.create, &pool, &ctx).await?;
+    }
+
     Ok(match plan.recheck_after {
-        Some(after) => Action::requeue(after + Duration::from_millis(100)),
+        Some(after) => Action::requeue(after.saturating_add(Duration::from_millis(100))),
         // A template that does not exist yet: its creation wakes us through the template watch.
         None => Action::await_change(),
     })
 }
 
-/// Creates `count` members in slow-start batches (1, 2, 4, ...), stopping at the first failure.
+/// Creates up to `count` members in slow-start batches (1, 2, 4, ...), each create paced by the
+/// controller-wide creation rate; stops at the first failure, and the moment the pool is being
+/// deleted or gone from the cache (checked before every create).
 async fn create_members(
     api: &Api<Sandbox>,
     member: &Sandbox,
     count: usize,
-    pool_key: &str,
+    pool: &SandboxWarmPool,
     ctx: &Context,
 ) -> Result<()> {
     let params = PostParams {
         dry_run: false,
         field_manager: Some(agent_sandbox_api::wire::CONTROLLER_FIELD_MANAGER.to_owned()),
     };
+    let pool_key = key(pool);
+    let uid = pool.metadata.uid.clone().unwrap_or_default();
+    let reference = ObjectRef::from_obj(pool);
+    let wanted = || {
+        let cached = ctx.caches.pools.get(&reference);
+        decide::still_wanted(cached.as_ref().map(|pool| &pool.metadata), &uid)
+    };
     let mut created = 0;
+    let mut failure = None;
     let mut batch = 1;
-    while created < count {
+    'batches: while created < count {
         let size = batch.min(count - created);
-        let results = join_all((0..size).map(|_| api.create(&params, member))).await;
-        for result in results {
-            match result {
-                Ok(sandbox) => {
-                    created += 1;
-                    ctx.expect_member(pool_key, sandbox.name_any());
+        let mut in_flight = FuturesUnordered::new();
+        let mut issued = 0;
+        let mut record = |result: kube::Result<Sandbox>| match result {
+            Ok(sandbox) => {
+                created += 1;
+                ctx.expect_member(&pool_key, sandbox.name_any());
+            }
+            Err(error) => {
+                failure.get_or_insert(error);
+            }
+        };
+        let mut stopped = false;
+        while issued < size {
+            if !wanted() {
+                tracing::info!(pool = %pool_key, "pool is being deleted; no more members");
+                stopped = true;
+                break;
+            }
+            match ctx.take_creation_token() {
+                Ok(()) => {
+                    in_flight.push(api.create(&params, member));
+                    issued += 1;
                 }
-                Err(error) => {
-                    let namespace = member.namespace().unwrap_or_default();
-                    return Err(kube_err(
-                        "create pool member",
-                        "Sandbox",
-                        &namespace,
-                        pool_key,
-                    )(error));
+                Err(wait) => {
+                    // The creates already sent complete while the next token comes.
+                    let sleep = tokio::time::sleep(wait);
+                    tokio::pin!(sleep);
+                    loop {
+                        tokio::select! {
+                            () = &mut sleep => break,
+                            Some(result) = in_flight.next() => record(result),
+                        }
+                    }
                 }
             }
         }
+        while let Some(result) = in_flight.next().await {
+            record(result);
+        }
+        if stopped || failure.is_some() {
+            break 'batches;
+        }
         batch *= 2;
     }
-    Ok(())
+    match failure {
+        Some(error) => {
+            let namespace = member.namespace().unwrap_or_default();
+            Err(kube_err(
+                "create pool member",
+                "Sandbox",
+                &namespace,
+                &pool_key,
+            )(error))
+        }
+        None => Ok(()),
+    }
 }
