@@ -62,6 +62,8 @@ pub const SANDBOXD_GRPC_PORT: u16 = 9090;
 /// Written by the SDK (and any HTTP client) on every call through the router. Read by the router,
 /// which strips them before forwarding.
 pub mod headers {
+    use std::time::Duration;
+
     /// Required: the Sandbox name (a DNS-1123 label).
     pub const SANDBOX_ID: &str = "X-Sandbox-ID";
     /// The Sandbox namespace; [`super::DEFAULT_SANDBOX_NAMESPACE`] when absent.
@@ -79,6 +81,57 @@ pub mod headers {
     pub const SANDBOX_TIMEOUT: &str = "X-Sandbox-Timeout";
     /// Request id sent by the SDKs and echoed in the router's access log.
     pub const REQUEST_ID: &str = "X-Request-ID";
+
+    /// Seconds as a decimal number (`30`, `2.5`, `.5`, `5.`): digits with at most one `.`, above 0.
+    /// Read exactly rather than through `f64` (which also takes signs, exponents and `inf`, and
+    /// rounds `8388608.13` to `8388608.130000001`): digits beyond nanoseconds are dropped, and
+    /// anything beyond what a `Duration` holds is `Duration::MAX` (the router's cap applies anyway).
+    pub fn parse_timeout(raw: &str) -> Option<Duration> {
+        let (whole, fraction) = raw.split_once('.').unwrap_or((raw, ""));
+        let digits = |text: &str| text.bytes().all(|b| b.is_ascii_digit());
+        if (whole.is_empty() && fraction.is_empty()) || !digits(whole) || !digits(fraction) {
+            return None;
+        }
+        let nanos = fraction
+            .bytes()
+            .chain(std::iter::repeat(b'0'))
+            .take(9)
+            .fold(0u32, |n, b| n * 10 + u32::from(b - b'0'));
+        let seconds = whole.bytes().try_fold(0u64, |n, b| {
+            n.checked_mul(10)?.checked_add(u64::from(b - b'0'))
+        });
+        let duration = seconds.map_or(Duration::MAX, |seconds| Duration::new(seconds, nanos));
+        (!duration.is_zero()).then_some(duration)
+    }
+
+    /// The [`SANDBOX_TIMEOUT`] value for `timeout`: seconds with millisecond precision, rounded
+    /// up so that the value is never below the client's real deadline and never `0.000` (which
+    /// [`parse_timeout`] refuses), e.g. `30.000`, `0.001` for 1 ns.
+    pub fn format_timeout(timeout: Duration) -> String {
+        let millis = timeout.as_nanos().div_ceil(1_000_000).max(1);
+        format!("{}.{:03}", millis / 1000, millis % 1000)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn timeouts_round_trip_without_reaching_zero() {
+            for (timeout, text) in [
+                (Duration::from_nanos(1), "0.001"),
+                (Duration::from_micros(400), "0.001"),
+                (Duration::from_millis(1500), "1.500"),
+                (Duration::from_nanos(1_500_000_001), "1.501"),
+                (Duration::from_secs(30), "30.000"),
+            ] {
+                assert_eq!(format_timeout(timeout), text);
+                let parsed = parse_timeout(text).unwrap_or_default();
+                assert!(parsed >= timeout, "{text} is below {timeout:?}");
+            }
+            assert_eq!(parse_timeout("0.000"), None);
+        }
+    }
 }
 
 /// Namespace the router assumes when `X-Sandbox-Namespace` is absent.

@@ -30,7 +30,12 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
                 eprintln!("sandbox runtime: {error}");
-                ExitCode::FAILURE
+                // As `sandbox-runtime`: 2 for a configuration error, 1 otherwise.
+                if error.is_configuration() {
+                    ExitCode::from(2)
+                } else {
+                    ExitCode::FAILURE
+                }
             }
         };
     }

@@ -130,7 +130,7 @@ pub(crate) fn parse_routing(headers: &HeaderMap) -> Result<Routing, Rejection> {
     };
     let timeout = match single(headers, wire::SANDBOX_TIMEOUT)? {
         None | Some("") => None,
-        Some(raw) => Some(parse_timeout(raw).ok_or_else(|| {
+        Some(raw) => Some(wire::parse_timeout(raw).ok_or_else(|| {
             Rejection::bad_request(format!(
                 "Invalid timeout: {:?} for sandbox {sandbox} (a decimal number of seconds above \
                  0, such as 30 or 2.5).",
@@ -146,28 +146,6 @@ pub(crate) fn parse_routing(headers: &HeaderMap) -> Result<Routing, Rejection> {
         uid,
         timeout,
     })
-}
-
-/// Seconds as a decimal number (`30`, `2.5`, `.5`, `5.`): digits with at most one `.`, above 0.
-/// Read exactly rather than through `f64` (which also takes signs, exponents and `inf`, and
-/// rounds `8388608.13` to `8388608.130000001`): digits beyond nanoseconds are dropped, and
-/// anything beyond what a `Duration` holds is `Duration::MAX` (the router's cap applies anyway).
-fn parse_timeout(raw: &str) -> Option<Duration> {
-    let (whole, fraction) = raw.split_once('.').unwrap_or((raw, ""));
-    let digits = |text: &str| text.bytes().all(|b| b.is_ascii_digit());
-    if (whole.is_empty() && fraction.is_empty()) || !digits(whole) || !digits(fraction) {
-        return None;
-    }
-    let nanos = fraction
-        .bytes()
-        .chain(std::iter::repeat(b'0'))
-        .take(9)
-        .fold(0u32, |n, b| n * 10 + u32::from(b - b'0'));
-    let seconds = whole.bytes().try_fold(0u64, |n, b| {
-        n.checked_mul(10)?.checked_add(u64::from(b - b'0'))
-    });
-    let duration = seconds.map_or(Duration::MAX, |seconds| Duration::new(seconds, nanos));
-    (!duration.is_zero()).then_some(duration)
 }
 
 /// The deadline of a request: the client's timeout, capped by the router's maximum (which is
@@ -437,14 +415,20 @@ mod tests {
         );
         assert_eq!(deadline(Some(Duration::from_secs(9999)), max), max);
         assert_eq!(
-            parse_timeout(&format!("1{}", "0".repeat(300))),
+            wire::parse_timeout(&format!("1{}", "0".repeat(300))),
             Some(Duration::MAX)
         );
-        assert_eq!(parse_timeout("2.5"), Some(Duration::from_millis(2500)));
-        assert_eq!(parse_timeout(".5"), Some(Duration::from_millis(500)));
-        assert_eq!(parse_timeout("5."), Some(Duration::from_secs(5)));
-        assert_eq!(parse_timeout("0.0000000019"), Some(Duration::from_nanos(1)));
-        assert_eq!(parse_timeout("0.0000000009"), None);
+        assert_eq!(
+            wire::parse_timeout("2.5"),
+            Some(Duration::from_millis(2500))
+        );
+        assert_eq!(wire::parse_timeout(".5"), Some(Duration::from_millis(500)));
+        assert_eq!(wire::parse_timeout("5."), Some(Duration::from_secs(5)));
+        assert_eq!(
+            wire::parse_timeout("0.0000000019"),
+            Some(Duration::from_nanos(1))
+        );
+        assert_eq!(wire::parse_timeout("0.0000000009"), None);
     }
 
     #[test]

@@ -272,7 +272,7 @@ impl Transport {
         request_headers.insert(headers::SANDBOX_PORT, HeaderValue::from(wire::RUNTIME_PORT));
         request_headers.insert(
             headers::SANDBOX_TIMEOUT,
-            value(&format!("{:.3}", deadline.as_secs_f64()))?,
+            value(&headers::format_timeout(deadline))?,
         );
         request_headers.insert(
             headers::REQUEST_ID,
