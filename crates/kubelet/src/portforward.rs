@@ -1,0 +1,322 @@
+//! Port-forward to a pod over SPDY/3.1 (`X-Stream-Protocol-Version: portforward.k8s.io`), the
+//! protocol the API server speaks to a kubelet for `kubectl port-forward`: per forwarded
+//! connection the client opens an `error` stream and a `data` stream with the same `port` and
+//! `requestID` headers; the data stream is relayed to that port of the pod's IP, and a failure
+//! to connect is written to the error stream. Both streams are closed when the connection ends.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+
+use bytes::BytesMut;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+
+use crate::spdy::{self, SessionError, Stream};
+
+/// The `X-Stream-Protocol-Version` of port-forward over SPDY.
+pub const SPDY_PROTOCOL: &str = "portforward.k8s.io";
+
+/// Header names of a port-forward stream (lower case, as SPDY carries them).
+mod header {
+    pub(super) const STREAM_TYPE: &str = "streamtype";
+    pub(super) const PORT: &str = "port";
+    pub(super) const REQUEST_ID: &str = "requestid";
+}
+
+/// The two streams of one forwarded connection, as they arrive.
+#[derive(Debug, Default)]
+struct Pair {
+    data: Option<Stream>,
+    error: Option<Stream>,
+}
+
+/// Which request a stream belongs to: its `requestID` header, or, for clients that send none,
+/// the error stream's id (the client opens the error stream first, the data stream next, and
+/// ids of one side go up by two).
+fn request_id(stream: &Stream, is_data: bool) -> String {
+    match stream.header(header::REQUEST_ID) {
+        Some(id) if !id.is_empty() => id.to_owned(),
+        _ if is_data => stream.id.saturating_sub(2).to_string(),
+        _ => stream.id.to_string(),
+    }
+}
+
+/// Serves port-forward streams on an upgraded connection until the client closes it.
+pub async fn serve_spdy<IO>(io: IO, pod_ip: IpAddr) -> Result<(), SessionError>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
+    let (streams_tx, mut streams_rx) = mpsc::channel::<Stream>(8);
+    let session = spdy::serve(io, streams_tx);
+    tokio::pin!(session);
+    let mut pending: HashMap<String, Pair> = HashMap::new();
+    let mut forwards = JoinSet::new();
+    let outcome = loop {
+        tokio::select! {
+            outcome = &mut session => break outcome,
+            Some(stream) = streams_rx.recv() => {
+                let kind = stream.header(header::STREAM_TYPE).unwrap_or_default().to_owned();
+                let is_data = match kind.as_str() {
+                    "data" => true,
+                    "error" => false,
+                    _ => {
+                        // Neither kind we know: refuse it alone.
+                        let _ = stream.outgoing.reset().await;
+                        continue;
+                    }
+                };
+                let id = request_id(&stream, is_data);
+                let pair = pending.entry(id.clone()).or_default();
+                if is_data {
+                    pair.data = Some(stream);
+                } else {
+                    pair.error = Some(stream);
+                }
+                if pair.data.is_some()
+                    && pair.error.is_some()
+                    && let Some(Pair { data: Some(data), error: Some(error) }) = pending.remove(&id)
+                {
+                    forwards.spawn(forward(data, error, pod_ip));
+                }
+            }
+            Some(_) = forwards.join_next(), if !forwards.is_empty() => {}
+        }
+    };
+    // The session ended: the relays see their streams end and finish.
+    while forwards.join_next().await.is_some() {}
+    outcome
+}
+
+/// Relays one data stream to `pod_ip:port`; a failure goes to the error stream.
+async fn forward(mut data: Stream, error: Stream, pod_ip: IpAddr) {
+    let port = data
+        .header(header::PORT)
+        .and_then(|p| p.parse::<u16>().ok())
+        .filter(|p| *p > 0);
+    let Some(port) = port else {
+        let message = format!(
+            "invalid port {:?}: a port-forward stream needs a port from 1 to 65535",
+            data.header(header::PORT).unwrap_or_default()
+        );
+        let _ = error.outgoing.send(message.into_bytes().into()).await;
+        let _ = error.outgoing.finish().await;
+        let _ = data.outgoing.finish().await;
+        return;
+    };
+    let target = SocketAddr::new(pod_ip, port);
+    let connection = match TcpStream::connect(target).await {
+        Ok(connection) => connection,
+        Err(cause) => {
+            let message = format!(
+                "error forwarding port {port} to pod at {pod_ip}: failed to connect to {target}: {cause}"
+            );
+            let _ = error.outgoing.send(message.into_bytes().into()).await;
+            let _ = error.outgoing.finish().await;
+            let _ = data.outgoing.finish().await;
+            return;
+        }
+    };
+    let _ = connection.set_nodelay(true);
+    let (mut from_pod, mut to_pod) = connection.into_split();
+    let upstream = async {
+        while let Some(chunk) = data.incoming.recv().await {
+            if to_pod.write_all(&chunk).await.is_err() {
+                break;
+            }
+        }
+        let _ = to_pod.shutdown().await;
+    };
+    let writer = data.outgoing.clone();
+    let downstream = async move {
+        let mut buffer = BytesMut::with_capacity(32 << 10);
+        loop {
+            buffer.reserve(32 << 10);
+            match from_pod.read_buf(&mut buffer).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    if writer.send(buffer.split().freeze()).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+        let _ = writer.finish().await;
+    };
+    tokio::join!(upstream, downstream);
+    let _ = error.outgoing.finish().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spdy::codec::{Decoder, Encoder, Frame};
+    use bytes::Bytes;
+    use pretty_assertions::assert_eq;
+    use std::time::Duration;
+    use tokio::io::DuplexStream;
+
+    /// The client's half of a session: writes frames, reads them back.
+    struct Client {
+        io: DuplexStream,
+        encoder: Encoder,
+        decoder: Decoder,
+    }
+
+    impl Client {
+        async fn send(&mut self, frame: Frame) {
+            let mut out = BytesMut::new();
+            self.encoder.encode(&frame, &mut out).unwrap();
+            self.io.write_all(&out).await.unwrap();
+        }
+
+        async fn next(&mut self) -> Option<Frame> {
+            loop {
+                if let Some(frame) = self.decoder.next().unwrap() {
+                    return Some(frame);
+                }
+                let buffer = self.decoder.buffer();
+                buffer.reserve(4096);
+                let read = tokio::time::timeout(Duration::from_secs(10), self.io.read_buf(buffer))
+                    .await
+                    .expect("the server answers within 10 s")
+                    .unwrap();
+                if read == 0 {
+                    return None;
+                }
+            }
+        }
+
+        fn open(stream: u32, kind: &str, port: u16) -> Frame {
+            Frame::SynStream {
+                stream,
+                fin: false,
+                headers: vec![
+                    ("streamType".into(), kind.into()),
+                    ("port".into(), port.to_string()),
+                    ("requestID".into(), "0".into()),
+                ],
+            }
+        }
+    }
+
+    fn start(pod_ip: IpAddr) -> (Client, tokio::task::JoinHandle<Result<(), SessionError>>) {
+        let (client, server) = tokio::io::duplex(64 << 10);
+        let session = tokio::spawn(serve_spdy(server, pod_ip));
+        let client = Client {
+            io: client,
+            encoder: Encoder::new().unwrap(),
+            decoder: Decoder::default(),
+        };
+        (client, session)
+    }
+
+    #[tokio::test]
+    async fn a_data_stream_is_relayed_to_the_pod_port_both_ways() {
+        let pod = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = pod.local_addr().unwrap().port();
+        let echo = tokio::spawn(async move {
+            let (mut socket, _) = pod.accept().await.unwrap();
+            let mut buffer = vec![0u8; 5];
+            socket.read_exact(&mut buffer).await.unwrap();
+            socket.write_all(b"echo:").await.unwrap();
+            socket.write_all(&buffer).await.unwrap();
+        });
+        let (mut client, session) = start("127.0.0.1".parse().unwrap());
+        client.send(Client::open(1, "error", port)).await;
+        client.send(Client::open(3, "data", port)).await;
+        client
+            .send(Frame::Data {
+                stream: 3,
+                fin: false,
+                data: Bytes::from_static(b"hello"),
+            })
+            .await;
+        client.send(Frame::Ping { id: 9 }).await;
+        let mut replies = Vec::new();
+        let mut received = Vec::new();
+        let mut finished = Vec::new();
+        while finished.len() < 2 {
+            match client.next().await.expect("the session stays open") {
+                Frame::SynReply { stream, .. } => replies.push(stream),
+                Frame::Data { stream, fin, data } => {
+                    if stream == 3 {
+                        received.extend_from_slice(&data);
+                    }
+                    if fin {
+                        finished.push(stream);
+                    }
+                    if stream == 3 && fin {
+                        // The pod closed its side; so does the client.
+                        client
+                            .send(Frame::Data {
+                                stream: 3,
+                                fin: true,
+                                data: Bytes::new(),
+                            })
+                            .await;
+                    }
+                }
+                Frame::Ping { id } => assert_eq!(id, 9),
+                other => panic!("unexpected frame {other:?}"),
+            }
+        }
+        replies.sort_unstable();
+        finished.sort_unstable();
+        assert_eq!(replies, vec![1, 3]);
+        assert_eq!(received, b"echo:hello");
+        assert_eq!(finished, vec![1, 3]);
+        echo.await.unwrap();
+        drop(client);
+        session.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_port_nobody_listens_on_is_reported_on_the_error_stream() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = closed.local_addr().unwrap().port();
+        drop(closed);
+        let (mut client, session) = start("127.0.0.1".parse().unwrap());
+        client.send(Client::open(1, "error", port)).await;
+        client.send(Client::open(3, "data", port)).await;
+        let mut error = Vec::new();
+        let mut finished = Vec::new();
+        while finished.len() < 2 {
+            match client.next().await.expect("the session stays open") {
+                Frame::Data { stream, fin, data } => {
+                    if stream == 1 {
+                        error.extend_from_slice(&data);
+                    }
+                    if fin {
+                        finished.push(stream);
+                    }
+                }
+                Frame::SynReply { .. } => {}
+                other => panic!("unexpected frame {other:?}"),
+            }
+        }
+        let error = String::from_utf8(error).unwrap();
+        assert!(
+            error.contains(&format!("error forwarding port {port}")),
+            "{error}"
+        );
+        drop(client);
+        session.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn garbage_ends_the_session_with_an_error() {
+        let (mut client, session) = start("127.0.0.1".parse().unwrap());
+        client
+            .io
+            .write_all(&[0x80, 0x02, 0, 1, 0, 0, 0, 0])
+            .await
+            .unwrap();
+        let outcome = session.await.unwrap();
+        assert!(
+            matches!(outcome, Err(SessionError::Codec(_))),
+            "{outcome:?}"
+        );
+    }
+}
