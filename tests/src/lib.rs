@@ -16,6 +16,7 @@
 //! [`runner::main`], the test binary `e2e.rs` next to this crate's manifest.
 
 mod cluster;
+pub mod control_plane;
 mod error;
 #[cfg(feature = "k3s")]
 mod k3s;
