@@ -2,7 +2,7 @@
 //!
 //! - `gen-crds`: write `deploy/crds/` from `crates/api` (checked by a test, see [`crds`]);
 //! - `bench`: run benchmark cases and write `docs/benchmarks.md` (the package
-//!   `agent-sandbox-bench` in `xtask/bench`, built and run by [`bench`]);
+//!   `agent-sandbox-bench` in `xtask/bench`, built and run by [`bench()`]);
 //! - `check-manifests`: the offline checks of `deploy/`, `flux/` and `kind/` (see [`manifests`]);
 //! - `images`: build the container images (see [`images`]);
 //! - `cluster up|down`: a kind + Cilium + Flux cluster running this checkout (see [`cluster`]);
