@@ -126,14 +126,16 @@ pub enum NetworkEnforcement {
 
 /// What keeps the cluster alive while the run lasts.
 enum Backing {
-    Sim(Box<crate::sim::SimCluster>),
+    Sim(Box<agent_sandbox_local::LocalCluster>),
     #[cfg(feature = "k3s")]
     K3s(Box<crate::k3s::K3sCluster>),
     External,
 }
 
-/// The cluster a run uses.
-pub struct Cluster {
+/// The cluster a run targets (started by the suite, or reached through a kubeconfig), as the
+/// scenarios see it: a client, the binaries' flags, how to reach the router, the names of the
+/// template and pool, the run's id.
+pub struct ClusterUnderTest {
     /// For the report (`simulated cluster`, `kubeconfig ~/.kube/config`).
     pub description: String,
     /// A client with the kubeconfig's identity.
@@ -159,9 +161,9 @@ pub struct Cluster {
     backing: Backing,
 }
 
-impl std::fmt::Debug for Cluster {
+impl std::fmt::Debug for ClusterUnderTest {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Cluster")
+        f.debug_struct("ClusterUnderTest")
             .field("description", &self.description)
             .field("namespace", &self.namespace)
             .field("pool", &self.pool)
@@ -178,32 +180,32 @@ fn setting(name: &str, default: &str) -> String {
         .unwrap_or_else(|| default.to_owned())
 }
 
-impl Cluster {
+impl ClusterUnderTest {
     /// Starts (sim, k3s) or connects to (kubeconfig) the cluster, finds the router and its key,
     /// and waits until the pool of `deploy/sandboxes` is Ready.
     pub async fn start(target: &Target) -> Result<Self> {
         // Idempotent; kube's TLS stack needs the one provider the workspace uses.
         let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
         let namespace = setting(env::NAMESPACE, wire::DEFAULT_SANDBOX_NAMESPACE);
-        let template = setting(env::TEMPLATE, crate::sim::TEMPLATE);
-        let pool = setting(env::POOL, crate::sim::POOL);
+        let template = setting(env::TEMPLATE, agent_sandbox_local::DEFAULT_TEMPLATE);
+        let pool = setting(env::POOL, agent_sandbox_local::DEFAULT_POOL);
         let scratch = scratch_dir()?;
         let router_namespace = wire::SYSTEM_NAMESPACE.to_owned();
         let (description, kube, kubeconfig, network, url, gateway, backing) = match target {
             Target::Sim => {
-                let sim = crate::sim::SimCluster::start().await?;
+                let sim = crate::sim::start().await?;
                 (
                     "the simulated cluster".to_owned(),
                     sim.client(),
-                    sim.kubeconfig().to_path_buf(),
+                    sim.kubeconfig_path().to_path_buf(),
                     NetworkEnforcement::NotEnforced(
                         "the simulated cluster runs pods as host processes without a pod \
                          network: NetworkPolicies are stored and checked, but nothing enforces \
                          them"
                             .to_owned(),
                     ),
-                    Some(sim.router_url()),
-                    Some((namespace.clone(), crate::sim::GATEWAY.to_owned())),
+                    sim.router_pod_url().map(str::to_owned),
+                    Some((namespace.clone(), agent_sandbox_local::GATEWAY.to_owned())),
                     Backing::Sim(Box::new(sim)),
                 )
             }
@@ -367,7 +369,7 @@ impl Cluster {
         Ok(options)
     }
 
-    /// An SDK client for `mode` (see [`Cluster::sdk_options`]).
+    /// An SDK client for `mode` (see [`ClusterUnderTest::sdk_options`]).
     pub fn sdk(&self, mode: SdkMode) -> Result<agent_sandbox::Client, String> {
         Ok(agent_sandbox::Client::from_kube(
             self.kube.clone(),
@@ -549,7 +551,7 @@ pub(crate) fn write_private(dir: &Path, name: &str, contents: &[u8]) -> Result<P
 /// A scratch directory outside `/tmp` (sandboxes under bubblewrap get a private `/tmp`, and
 /// the sim's router pod reads its key from here).
 pub(crate) fn scratch_dir() -> Result<tempfile::TempDir> {
-    agent_sandbox_sim::test_support::pod_visible_dir("e2e-").map_err(Error::io(
+    agent_sandbox_local::testkit::pod_visible_dir("e2e-").map_err(Error::io(
         "create a scratch directory in",
         "target/ or /var/tmp",
     ))

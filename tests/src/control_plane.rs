@@ -27,6 +27,8 @@ use rcgen::{
 };
 use serde_json::json;
 
+use agent_sandbox_local::wait::{Check, wait_for};
+
 use crate::error::{Error, Result};
 
 /// The service CIDR (the `kubernetes` Service gets its first address).
@@ -500,26 +502,24 @@ impl ControlPlane {
 
     async fn wait_ready(&mut self) -> Result<()> {
         let client = self.client().await?;
-        let deadline = Instant::now() + READY_WITHIN;
-        loop {
-            self.check_alive()?;
-            let last = match http::Request::get("/readyz").body(Vec::new()) {
-                Ok(request) => match client.request_text(request).await {
-                    Ok(text) if text.trim() == "ok" => return Ok(()),
-                    Ok(text) => text,
+        let what = format!("kube-apiserver at {} to be ready", self.server);
+        wait_for(&what, READY_WITHIN, || {
+            let client = client.clone();
+            let alive = self.check_alive();
+            async move {
+                alive?;
+                let seen = match http::Request::get("/readyz").body(Vec::new()) {
+                    Ok(request) => match client.request_text(request).await {
+                        Ok(text) if text.trim() == "ok" => return Ok(Check::Done(())),
+                        Ok(text) => text,
+                        Err(error) => error.to_string(),
+                    },
                     Err(error) => error.to_string(),
-                },
-                Err(error) => error.to_string(),
-            };
-            if Instant::now() >= deadline {
-                return Err(Error::Timeout {
-                    what: format!("kube-apiserver at {} to be ready", self.server),
-                    seconds: READY_WITHIN.as_secs(),
-                    last,
-                });
+                };
+                Ok::<_, Error>(Check::NotYet(seen))
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        })
+        .await
     }
 
     /// A client with the admin's credentials (`system:masters`).

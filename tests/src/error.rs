@@ -8,15 +8,9 @@ pub enum Error {
     /// A setting is wrong or missing; the message says which and how to fix it.
     #[error("{0}")]
     Config(String),
-    /// Starting the simulated cluster failed.
-    #[error("simulated cluster: {step}: {source}")]
-    Sim {
-        /// What was being done.
-        step: &'static str,
-        /// Why it failed.
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
+    /// Starting or using the simulated cluster (`agent_sandbox_local`) failed.
+    #[error(transparent)]
+    Local(#[from] agent_sandbox_local::Error),
     /// A Kubernetes API call failed.
     #[error("{what}: {source}")]
     Kube {
@@ -47,15 +41,8 @@ pub enum Error {
         source: std::io::Error,
     },
     /// A wait ran out of time; the message says what was awaited and what was last seen.
-    #[error("timed out after {seconds} s waiting for {what} (last seen: {last})")]
-    Timeout {
-        /// What was awaited.
-        what: String,
-        /// The bound.
-        seconds: u64,
-        /// The last observation.
-        last: String,
-    },
+    #[error(transparent)]
+    Timeout(#[from] agent_sandbox_local::wait::Timeout),
     /// A check of a scenario failed.
     #[error("{0}")]
     Check(String),
@@ -87,15 +74,6 @@ impl Error {
     ) -> impl FnOnce(std::io::Error) -> Self {
         let path = path.into();
         move |source| Self::Io { what, path, source }
-    }
-
-    pub(crate) fn sim<E: std::error::Error + Send + Sync + 'static>(
-        step: &'static str,
-    ) -> impl FnOnce(E) -> Self {
-        move |source| Self::Sim {
-            step,
-            source: Box::new(source),
-        }
     }
 }
 

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use agent_sandbox_api::wire;
+use agent_sandbox_local::ControllerTask;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::PostParams;
@@ -23,7 +24,6 @@ use testcontainers_modules::testcontainers::runners::AsyncRunner as _;
 use testcontainers_modules::testcontainers::{ContainerAsync, ImageExt as _};
 
 use crate::error::{Error, Result};
-use crate::support::{LocalController, random_key, workspace_root};
 
 /// Where the archive is copied inside the container.
 const IMAGES_IN_CONTAINER: &str = "/tmp/agent-sandbox-images.tar";
@@ -34,7 +34,7 @@ pub(crate) struct K3sCluster {
     container: Option<ContainerAsync<K3s>>,
     kube: kube::Client,
     kubeconfig: PathBuf,
-    controller: Option<LocalController>,
+    controller: Option<ControllerTask>,
 }
 
 fn docker(
@@ -123,7 +123,8 @@ impl K3sCluster {
             ],
         )
         .await?;
-        let controller = LocalController::start(kube.clone());
+        let controller =
+            ControllerTask::spawn(kube.clone(), agent_sandbox_controller::Config::default());
         kubectl(
             &path,
             &[
@@ -154,13 +155,22 @@ impl K3sCluster {
 
     /// Stops the controller, then removes the container.
     pub(crate) async fn stop(mut self) {
-        if let Some(controller) = self.controller.take() {
-            controller.stop().await;
+        if let Some(controller) = self.controller.take()
+            && let Err(error) = controller.stop(Duration::from_secs(10)).await
+        {
+            tracing::warn!(%error, "stopping the local controller");
         }
         if let Some(container) = self.container.take() {
             let _ = container.rm().await;
         }
     }
+}
+
+/// The workspace's root directory (where `deploy/` lives).
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
 }
 
 /// `kubectl apply --server-side -k deploy/overlays/kind` (CRDs first, then the rest once they
@@ -199,7 +209,7 @@ async fn apply_kind_overlay(kubeconfig: &Path) -> Result<()> {
 
 /// The router's Secret with 32 random bytes, hex-encoded.
 async fn create_signing_key(kube: &kube::Client) -> Result<()> {
-    let key = random_key()?;
+    let key = agent_sandbox_local::new_secret()?;
     let mut secret = Secret::default();
     secret.metadata.name = Some(wire::ROUTER_SIGNING_KEY_SECRET.to_owned());
     secret.data = Some(std::collections::BTreeMap::from([(

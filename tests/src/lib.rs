@@ -25,7 +25,7 @@ pub mod scenarios;
 mod sim;
 mod support;
 
-pub use cluster::{Cluster, NetworkEnforcement, RouterAccess, SdkMode, Target};
+pub use cluster::{ClusterUnderTest, NetworkEnforcement, RouterAccess, SdkMode, Target};
 pub use error::{Error, Result};
 
 /// Environment variables that choose and describe the cluster (`cargo xtask e2e` sets them).

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt as _;
 
-use crate::cluster::{Cluster, Target};
+use crate::cluster::{ClusterUnderTest, Target};
 use crate::env;
 use crate::scenarios::{self, Scenario, Verdict};
 
@@ -129,7 +129,7 @@ pub async fn main() -> i32 {
     };
     let started = Instant::now();
     println!("e2e: starting {} ...", target.describe());
-    let cluster = match Cluster::start(&target).await {
+    let cluster = match ClusterUnderTest::start(&target).await {
         Ok(cluster) => Arc::new(cluster),
         Err(error) => {
             eprintln!("e2e: the cluster is not usable: {error}");

@@ -2,7 +2,6 @@
 //! child processes that never outlive their scenario.
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -15,7 +14,6 @@ use agent_sandbox_api::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::Api;
-use tokio::time::Instant;
 
 use crate::error::{Error, Result};
 
@@ -26,30 +24,16 @@ pub(crate) const RUN_LABEL: &str = "e2e.agent-sandbox.dev/run";
 /// How long one wait for the cluster may take (cold sandboxes on a real cluster pull images).
 pub(crate) const WAIT: Duration = Duration::from_secs(180);
 
-/// Polls `probe` until it returns `Ok(Some(_))`, at most `limit`. `probe` returns `Ok(None)`
-/// to keep waiting and sets `last` to describe what it saw, for the timeout message.
-pub(crate) async fn wait_for<T, F, Fut>(what: &str, limit: Duration, mut probe: F) -> Result<T>
+pub(crate) use agent_sandbox_local::testkit::Check;
+
+/// The test kit's bounded polling with the suite's error: `probe` answers [`Check::Done`] or
+/// [`Check::NotYet`] with what it saw, which a timeout quotes.
+pub(crate) async fn wait_for<T, F, Fut>(what: &str, limit: Duration, probe: F) -> Result<T>
 where
     F: FnMut() -> Fut,
-    Fut: Future<Output = Result<(Option<T>, String)>>,
+    Fut: std::future::Future<Output = Result<Check<T>>>,
 {
-    let deadline = Instant::now() + limit;
-    let mut pause = Duration::from_millis(20);
-    loop {
-        let (found, last) = probe().await?;
-        if let Some(found) = found {
-            return Ok(found);
-        }
-        if Instant::now() >= deadline {
-            return Err(Error::Timeout {
-                what: what.to_owned(),
-                seconds: limit.as_secs(),
-                last,
-            });
-        }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_millis(500));
-    }
+    agent_sandbox_local::testkit::wait_for(what, limit, probe).await
 }
 
 /// `get_opt` with the error naming the object.
@@ -69,8 +53,8 @@ where
 {
     wait_for(&format!("{kind} {name} to be deleted"), WAIT, || async {
         Ok(match get(api, name).await? {
-            None => (Some(()), String::new()),
-            Some(_) => (None, "still there".to_owned()),
+            None => Check::Done(()),
+            Some(_) => Check::NotYet("still there".to_owned()),
         })
     })
     .await
@@ -122,14 +106,13 @@ pub(crate) async fn wait_claim_ready(api: &Api<SandboxClaim>, name: &str) -> Res
     wait_for(&format!("claim {name} to be Ready"), WAIT, || async {
         let claim = get(api, name).await?;
         Ok(match claim {
-            Some(claim) if claim_ready(&claim) => (Some(claim), String::new()),
+            Some(claim) if claim_ready(&claim) => Check::Done(claim),
             Some(claim) => {
-                let seen = claim.status.as_ref().map_or("no status".to_owned(), |s| {
+                Check::NotYet(claim.status.as_ref().map_or("no status".to_owned(), |s| {
                     describe_conditions(&s.conditions)
-                });
-                (None, seen)
+                }))
             }
-            None => (None, "the claim does not exist".to_owned()),
+            None => Check::NotYet("the claim does not exist".to_owned()),
         })
     })
     .await
@@ -191,13 +174,13 @@ pub(crate) async fn wait_pool_ready(
                         .as_ref()
                         .is_some_and(|s| s.ready_replicas >= replicas) =>
                 {
-                    (Some(pool), String::new())
+                    Check::Done(pool)
                 }
                 Some(pool) => {
                     let ready = pool.status.as_ref().map_or(0, |s| s.ready_replicas);
-                    (None, format!("{ready} ready"))
+                    Check::NotYet(format!("{ready} ready"))
                 }
-                None => (None, "the pool does not exist".to_owned()),
+                None => Check::NotYet("the pool does not exist".to_owned()),
             })
         },
     )
@@ -250,9 +233,9 @@ pub(crate) async fn run_child(
     }
     let output = tokio::time::timeout(limit, child.wait_with_output())
         .await
-        .map_err(|_| Error::Timeout {
+        .map_err(|_| agent_sandbox_local::wait::Timeout {
             what: format!("{} to exit", program.display()),
-            seconds: limit.as_secs(),
+            after: limit,
             last: "still running (killed)".to_owned(),
         })?
         .map_err(Error::io("wait for", program.to_path_buf()))?;
@@ -265,72 +248,7 @@ pub(crate) async fn run_child(
 
 /// A workspace binary built for this test's target directory and profile.
 pub(crate) fn binary(package: &str, bin: &str) -> Result<PathBuf> {
-    agent_sandbox_sim::test_support::workspace_binary(package, bin)
-        .map_err(|e| Error::Config(format!("cannot build {bin} (package {package}): {e}")))
-}
-
-/// The workspace's root directory (where `deploy/` lives).
-pub(crate) fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
-}
-
-/// The controller of this checkout, run in this process against a cluster's API (the sim's, or
-/// k3s's). Dropping it aborts it; [`LocalController::stop`] shuts it down gracefully.
-pub(crate) struct LocalController {
-    task: Option<tokio::task::JoinHandle<()>>,
-    stop: Option<tokio::sync::watch::Sender<bool>>,
-}
-
-impl LocalController {
-    /// Starts the controller with its default configuration.
-    pub(crate) fn start(kube: kube::Client) -> Self {
-        let (stop, mut stopped) = tokio::sync::watch::channel(false);
-        let task = tokio::spawn(async move {
-            let shutdown = async move {
-                let _ = stopped.wait_for(|s| *s).await;
-            };
-            let config = agent_sandbox_controller::Config::default();
-            if let Err(error) = agent_sandbox_controller::run(kube, config, shutdown).await {
-                tracing::error!(%error, "the local controller failed");
-            }
-        });
-        Self {
-            task: Some(task),
-            stop: Some(stop),
-        }
-    }
-
-    /// Asks the controller to shut down and waits for it (at most 10 s).
-    pub(crate) async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(true);
-        }
-        if let Some(task) = self.task.take() {
-            let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
-        }
-    }
-}
-
-impl Drop for LocalController {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(true);
-        }
-        if let Some(task) = &self.task {
-            task.abort();
-        }
-    }
-}
-
-/// A router signing key: 32 random bytes from the kernel, hex-encoded (the format
-/// `cargo xtask cluster up` writes).
-pub(crate) fn random_key() -> Result<String> {
-    use std::io::Read as _;
-    let mut bytes = [0_u8; 32];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .map_err(Error::io("read", "/dev/urandom"))?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    Ok(agent_sandbox_local::testkit::workspace_binary(
+        package, bin,
+    )?)
 }

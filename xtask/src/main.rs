@@ -1,7 +1,8 @@
 //! Project automation, in the style of rust-analyzer's xtask: `cargo xtask <command>`.
 //!
 //! - `gen-crds`: write `deploy/crds/` from `crates/api` (checked by a test, see [`crds`]);
-//! - `bench`: run benchmark cases and write `docs/benchmarks.md` (see [`mod@bench`]);
+//! - `bench`: run benchmark cases and write `docs/benchmarks.md` (the package
+//!   `agent-sandbox-bench` in `xtask/bench`, built and run by [`bench()`]);
 //! - `check-manifests`: the offline checks of `deploy/`, `flux/` and `kind/` (see [`manifests`]);
 //! - `images`: build the container images (see [`images`]);
 //! - `cluster up|down`: a kind + Cilium + Flux cluster running this checkout (see [`cluster`]);
@@ -10,7 +11,6 @@
 //! - `tools`: build the Kubernetes control-plane binaries and etcd from their Go modules (see
 //!   [`tools`]).
 
-mod bench;
 mod cluster;
 mod crds;
 mod e2e;
@@ -18,9 +18,9 @@ mod images;
 mod manifests;
 mod tools;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use anyhow::Result;
+use anyhow::{Context as _, Result, bail};
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
@@ -46,7 +46,7 @@ enum Command {
     Bench {
         /// Case name prefixes to run (all when none).
         cases: Vec<String>,
-        /// Fewer iterations (a smoke run of the harness).
+        /// Fewer iterations (a smoke run of the harness; built without optimisation).
         #[arg(long)]
         quick: bool,
         /// Print the rows without writing docs/benchmarks.md.
@@ -157,23 +157,12 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::GenCrds { check: true } => crds::check(&root),
         Command::GenCrds { check: false } => crds::write(&root),
-        Command::Bench { list: true, .. } => {
-            bench::list();
-            Ok(())
-        }
         Command::Bench {
             cases,
             quick,
             dry_run,
-            list: false,
-        } => {
-            if cfg!(debug_assertions) && !quick {
-                // Measurements of unoptimised code mean nothing: run this command again from a
-                // release build of xtask (the cases build their own subjects in release too).
-                return rerun_in_release();
-            }
-            bench::run(&root, &cases, bench::Options { quick }, dry_run)
-        }
+            list,
+        } => bench(&root, &cases, quick, dry_run, list),
         Command::CheckManifests => {
             for line in manifests::check_all(&root)? {
                 println!("ok  {line}");
@@ -240,16 +229,51 @@ fn run(cli: Cli) -> Result<()> {
     }
 }
 
-/// Runs `cargo run --release -p xtask -- <same arguments>` and exits with its status.
-fn rerun_in_release() -> Result<()> {
-    let status =
-        std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()))
-            .args(["run", "--quiet", "--release", "--package", "xtask", "--"])
-            .args(std::env::args_os().skip(1))
-            .current_dir(workspace_root())
-            .status()?;
-    std::process::exit(status.code().unwrap_or(1));
+/// `cargo xtask bench`: builds the bench binary (package `agent-sandbox-bench`) and runs it.
+///
+/// Measurements of unoptimised code mean nothing, so the binary is built in release, except for
+/// `--quick` and `--list` (a smoke run and a listing, which the test build's artifacts serve).
+/// `--workspace` resolves features as for the whole workspace, as the cases' own release builds
+/// of their subjects do, so that both share one build of the dependency graph.
+fn bench(root: &Path, cases: &[String], quick: bool, dry_run: bool, list: bool) -> Result<()> {
+    let release = !(quick || list);
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let mut build = std::process::Command::new(&cargo);
+    build
+        .args(["build", "--quiet", "--workspace", "--bin", BENCH_BIN])
+        .current_dir(root);
+    if release {
+        build.arg("--release");
+    }
+    let status = build
+        .status()
+        .with_context(|| format!("failed to run {}", images::show(&build)))?;
+    if !status.success() {
+        bail!("{} failed ({status})", images::show(&build));
+    }
+    let target =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+    let binary = target
+        .join(if release { "release" } else { "debug" })
+        .join(BENCH_BIN);
+    let mut run = std::process::Command::new(&binary);
+    run.args(cases).current_dir(root);
+    for (set, flag) in [(quick, "--quick"), (dry_run, "--dry-run"), (list, "--list")] {
+        if set {
+            run.arg(flag);
+        }
+    }
+    let status = run
+        .status()
+        .with_context(|| format!("failed to run {}", binary.display()))?;
+    if !status.success() {
+        bail!("the benchmarks failed ({status})");
+    }
+    Ok(())
 }
+
+/// The bench package's binary.
+const BENCH_BIN: &str = "agent-sandbox-bench";
 
 /// The workspace root: xtask lives one level below it.
 fn workspace_root() -> PathBuf {
@@ -277,19 +301,17 @@ mod tests {
     /// CRDs, with the names, scope, versions, subresources and columns of `crates/api`.
     #[test]
     fn kubectl_kustomize_renders_the_four_crds() {
+        use agent_sandbox_local::testkit::{Tool, missing};
         use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+        if missing(Tool::Kubectl) {
+            return;
+        }
         let root = workspace_root();
-        let output = match std::process::Command::new("kubectl")
+        let output = std::process::Command::new("kubectl")
             .args(["kustomize", "deploy/crds"])
             .current_dir(&root)
             .output()
-        {
-            Ok(output) => output,
-            Err(error) => {
-                eprintln!("SKIPPED: kubectl is not installed ({error}); .ci/run installs it");
-                return;
-            }
-        };
+            .unwrap();
         assert!(
             output.status.success(),
             "{}",
@@ -326,26 +348,6 @@ mod tests {
         actual.sort_by(|a, b| a.0.cmp(&b.0));
         pretty_assertions::assert_eq!(actual, expected);
         assert_eq!(rendered.len(), 4);
-    }
-
-    #[test]
-    fn bench_harness_runs_a_real_case() {
-        let root = workspace_root();
-        bench::run(
-            &root,
-            &["api/name-hash".to_owned()],
-            bench::Options { quick: true },
-            true,
-        )
-        .unwrap();
-        let error = bench::run(
-            &root,
-            &["nope/".to_owned()],
-            bench::Options { quick: true },
-            true,
-        )
-        .unwrap_err();
-        assert!(error.to_string().contains("api/name-hash"), "{error}");
     }
 
     #[test]

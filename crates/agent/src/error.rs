@@ -82,14 +82,16 @@ pub enum Error {
         step: &'static str,
         /// Why.
         #[source]
-        source: Box<agent_sandbox_cli::Error>,
+        source: Box<agent_sandbox_local::Error>,
     },
-    /// The cluster could not be reached.
-    #[error("failed to connect to the cluster")]
+    /// The cluster could not be reached as the connection flags say.
+    #[error("failed to connect to the cluster: failed to {action}")]
     Connect {
+        /// What failed (`load the kubeconfig /path`, `read the router signing key /path`).
+        action: String,
         /// Why.
         #[source]
-        source: Box<agent_sandbox_cli::Error>,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// The API key cannot be sent as a header.
     #[error(

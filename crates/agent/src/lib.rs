@@ -13,12 +13,14 @@
 //! - [`agent`]: the loop (one `tool_result` per `tool_use`, TTL pushed after every call,
 //!   turn and token limits);
 //! - [`session`]: claim, ready line, loop, delete unless `--keep`; `--local` on
-//!   `sandboxctl`'s in-process cluster.
+//!   `agent_sandbox_local`'s in-process cluster;
+//! - [`connect`]: the connection flags (kubeconfig, namespace, router) without `--local`.
 //!
 //! `docs/agent.md` shows a run and how to use it against a cluster and locally.
 
 pub mod agent;
 pub mod client;
+pub mod connect;
 mod error;
 #[cfg(feature = "fake")]
 pub mod fake;

@@ -1,6 +1,7 @@
 //! `sandbox-agent`: parses the command line, sets up logging, connects (a cluster from the
 //! kubeconfig flags, or `--local`), and runs one agent session. The hidden runtime subcommand
-//! (how the local cluster's pods run) is served before anything else.
+//! (how the local cluster's pods run, `agent_sandbox_local::runtime`) is served before anything
+//! else.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -9,13 +10,12 @@ use agent_sandbox_agent::agent::{LoopConfig, StderrReporter, Stop};
 use agent_sandbox_agent::client::{
     DEFAULT_BASE_URL, DEFAULT_MAX_TOKENS, DEFAULT_MODEL, ENV_API_KEY, ENV_BASE_URL,
 };
+use agent_sandbox_agent::connect::ConnectArgs;
 use agent_sandbox_agent::retry::RetryPolicy;
 use agent_sandbox_agent::session::{self, SessionOptions};
 use agent_sandbox_agent::tools::{ToolLimits, error_chain};
-use agent_sandbox_agent::{ApiKey, Error, MessagesClient, MessagesConfig};
-use agent_sandbox_cli::cli::GlobalArgs;
-use agent_sandbox_cli::context::Cluster;
-use agent_sandbox_cli::local::{DEFAULT_POOL, LocalConfig, RUNTIME_SUBCOMMAND};
+use agent_sandbox_agent::{ApiKey, MessagesClient, MessagesConfig};
+use agent_sandbox_local::{DEFAULT_POOL, LocalConfig};
 use anyhow::{Context as _, bail};
 use clap::Parser;
 
@@ -36,7 +36,7 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
   export ANTHROPIC_API_KEY=sk-ant-...
   sandbox-agent --local \"write a python script that prints the first 10 fibonacci numbers and run it\"
   sandbox-agent --pool python-sandbox-pool -n default \"what python version do you have?\"
-  sandbox-agent --pool python --router-url http://127.0.0.1:8080 --keep --ttl 30m \"...\"
+  sandbox-agent --pool python-sandbox-pool --router-url http://127.0.0.1:8080 --keep --ttl 30m \"...\"
 
 Progress ([tool] lines) goes to stderr, the answer to stdout. Exit codes: 0 answered,
 1 error, 3 stopped by a limit (--max-turns, --max-total-tokens, --max-tokens) or a refusal.
@@ -87,21 +87,12 @@ struct Args {
     command_timeout: Duration,
     /// Connection to the cluster and the router (as sandboxctl).
     #[command(flatten)]
-    global: GlobalArgs,
-}
-
-/// The runtime subcommand's flags (`sandbox-agent __runtime …`, run by the local cluster).
-#[derive(Debug, Parser)]
-struct RuntimeCli {
-    #[command(flatten)]
-    args: agent_sandbox_runtime::Args,
+    connect: ConnectArgs,
 }
 
 fn main() -> ExitCode {
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-    let runtime_mode = std::env::args_os()
-        .nth(1)
-        .is_some_and(|a| a == RUNTIME_SUBCOMMAND);
+    let runtime_mode = agent_sandbox_local::runtime::requested();
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -112,20 +103,7 @@ fn main() -> ExitCode {
         )
         .init();
     if runtime_mode {
-        // argv[1] stands as the program name, so the runtime's flags parse as they are.
-        let cli = RuntimeCli::parse_from(std::env::args_os().skip(1));
-        return match agent_sandbox_cli::local::serve_runtime(cli.args) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(error) => {
-                eprintln!("sandbox runtime: {}", error_chain(&error));
-                // As `sandbox-runtime`: 2 for a configuration error, 1 otherwise.
-                if error.is_configuration() {
-                    ExitCode::from(2)
-                } else {
-                    ExitCode::FAILURE
-                }
-            }
-        };
+        return agent_sandbox_local::runtime::main_from_args(std::env::args_os());
     }
     let args = Args::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -196,28 +174,7 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
         local = Some(started);
         client
     } else {
-        let cluster = Cluster::connect(&args.global)
-            .await
-            .map_err(|source| Error::Connect {
-                source: Box::new(source),
-            })?;
-        let connection = match &cluster.router_url {
-            Some(url) => agent_sandbox::ConnectionMode::direct(url.clone()),
-            None => {
-                agent_sandbox::ConnectionMode::port_forward_in(cluster.router_namespace.clone())
-            }
-        };
-        let mut options = agent_sandbox::ClientOptions::default()
-            .namespace(cluster.namespace.clone())
-            .connection(connection);
-        if let Some(token) = &cluster.router_token {
-            options = options.router_token(token.clone());
-        }
-        // Scoped routers: a token per request for the session's own sandbox.
-        if let Some(key) = &cluster.signing_key {
-            options = options.router_signing_key(key.clone());
-        }
-        agent_sandbox::Client::from_kube(cluster.client, options)
+        args.connect.client().await?
     };
     let _cleanup = client.enable_auto_cleanup()?;
     let outcome = session::run(&client, &model, &prompt, &options, &StderrReporter).await;

@@ -1,12 +1,12 @@
 //! One agent session's lifecycle: claim a sandbox from a warm pool (with an expiry, so a crash
 //! leaks nothing), report it ready, tell the model about it, run the loop, and delete the claim
-//! at the end unless asked to keep it. Also the `--local` wiring onto `sandboxctl`'s in-process
-//! cluster.
+//! at the end unless asked to keep it. Also the `--local` wiring onto `agent_sandbox_local`'s
+//! in-process cluster.
 
 use std::time::{Duration, Instant};
 
-use agent_sandbox::{Client, ClientOptions, ConnectionMode, CreateOptions, SandboxHandle};
-use agent_sandbox_cli::local::{DEFAULT_NAMESPACE, LocalCluster, LocalConfig};
+use agent_sandbox::{Client, CreateOptions, SandboxHandle};
+use agent_sandbox_local::{ConnectionKind, LocalCluster, LocalConfig};
 
 use crate::agent::{self, LoopConfig, Outcome, Reporter};
 use crate::client::Model;
@@ -111,7 +111,8 @@ pub struct Local {
     pub client: Client,
 }
 
-/// Starts `sandboxctl`'s in-process local cluster and waits for one warm sandbox.
+/// Starts the in-process local cluster (`agent_sandbox_local`, as `sandboxctl run --local`
+/// does) and waits for one warm sandbox.
 pub async fn start_local(config: LocalConfig, ready_timeout: Duration) -> Result<Local> {
     let cluster = LocalCluster::start(config)
         .await
@@ -126,12 +127,11 @@ pub async fn start_local(config: LocalConfig, ready_timeout: Duration) -> Result
             step: "wait for the local warm pool",
             source: Box::new(source),
         })?;
-    let mut options = ClientOptions::default()
-        .namespace(DEFAULT_NAMESPACE)
-        .connection(ConnectionMode::direct(cluster.router_url()));
-    if let Some(token) = cluster.router_token() {
-        options = options.router_token(token);
-    }
-    let client = Client::from_kube(cluster.client(), options);
+    let client = cluster
+        .sdk_client(ConnectionKind::Direct)
+        .map_err(|source| Error::Local {
+            step: "connect to the local router",
+            source: Box::new(source),
+        })?;
     Ok(Local { cluster, client })
 }

@@ -1,6 +1,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-//! System tests on the simulated cluster (the SDK's harness: sim, controller, router, the real
-//! runtime as sandbox pods, a warm pool) with a scripted fake Messages API: the library's
+//! System tests on the simulated cluster (`agent_sandbox_local`'s in-process cluster: sim,
+//! controller, router, the real runtime as sandbox pods, the default warm pool) with a scripted fake Messages API: the library's
 //! session, the `sandbox-agent` binary against the cluster, the binary killed mid-run, and
 //! `--local`.
 
@@ -8,7 +8,6 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use agent_sandbox::harness::{Harness, HarnessConfig, NAMESPACE, POOL};
 use agent_sandbox_agent::agent::{LoopConfig, Reporter, Stop};
 use agent_sandbox_agent::fake::{
     ANSWER, FIB, FIB_OUTPUT, FakeApi, Recorded, Reply, seed_conversation,
@@ -18,6 +17,8 @@ use agent_sandbox_agent::session::{self, SessionOptions};
 use agent_sandbox_agent::{ApiKey, MessagesClient, MessagesConfig};
 use agent_sandbox_api::SandboxClaim;
 use agent_sandbox_api::claim::ClaimShutdownPolicy;
+use agent_sandbox_local::testkit::{self, NAMESPACE, POOL, Tool};
+use agent_sandbox_local::{ConnectionKind, LocalCluster, LocalConfig, RouterAuth};
 use jiff::Timestamp;
 use kube::Api;
 use pretty_assertions::assert_eq;
@@ -57,18 +58,29 @@ fn model(api: &FakeApi) -> MessagesClient {
     MessagesClient::new(config).unwrap()
 }
 
-async fn harness() -> Harness {
-    Harness::start(HarnessConfig::default().router_pod(false).pool_replicas(1))
+/// A local cluster with the workspace's runtime as sandbox pods, an unauthenticated router (the
+/// binary is given only its URL) and a full default pool of one.
+async fn harness() -> LocalCluster {
+    let config = LocalConfig {
+        runtime: testkit::runtime_program().unwrap(),
+        router_auth: RouterAuth::None,
+        pool_replicas: 1,
+        ..LocalConfig::default()
+    };
+    let harness = LocalCluster::start(config).await.unwrap();
+    harness
+        .wait_for_pool(1, Duration::from_secs(120), |_, _| {})
         .await
-        .unwrap()
+        .unwrap();
+    harness
 }
 
-fn claims(harness: &Harness) -> Api<SandboxClaim> {
-    Api::namespaced(harness.kube_client(), NAMESPACE)
+fn claims(harness: &LocalCluster) -> Api<SandboxClaim> {
+    Api::namespaced(harness.client(), NAMESPACE)
 }
 
 /// Live claims (those being deleted count as gone).
-async fn live_claims(harness: &Harness) -> Vec<SandboxClaim> {
+async fn live_claims(harness: &LocalCluster) -> Vec<SandboxClaim> {
     claims(harness)
         .list(&Default::default())
         .await
@@ -125,8 +137,12 @@ fn last_conversation(requests: &[Recorded]) -> Value {
 /// tool call, the claim kept to look inside it.
 #[tokio::test]
 async fn scripted_session_writes_runs_answers_and_keeps_the_claim_alive() {
+    // The conversation runs `python3 fib.py` in the sandbox (pods run the host's tools).
+    if testkit::missing(Tool::Python3) {
+        return;
+    }
     let harness = harness().await;
-    let client = harness.client("direct");
+    let client = harness.sdk_client(ConnectionKind::Direct).unwrap();
     let mut limited = Reply::error(429, "rate_limit_error", "Number of request tokens exceeded");
     if let Reply::Json(_, headers, _) = &mut limited {
         headers.push(("retry-after", "0".to_owned()));
@@ -259,14 +275,14 @@ fn agent_command(api: &FakeApi) -> Command {
     command
 }
 
-fn cluster_args(harness: &Harness) -> Vec<String> {
+fn cluster_args(harness: &LocalCluster) -> Vec<String> {
     vec![
         "--kubeconfig".to_owned(),
         harness.kubeconfig_path().display().to_string(),
         "-n".to_owned(),
         NAMESPACE.to_owned(),
         "--router-url".to_owned(),
-        harness.router_url(),
+        harness.router_url().unwrap().to_owned(),
         "--pool".to_owned(),
         POOL.to_owned(),
     ]
@@ -296,6 +312,10 @@ async fn finish(child: ChildGuard, limit: Duration) -> (std::process::ExitStatus
 /// exit 0, and the claim deleted at the end.
 #[tokio::test]
 async fn binary_runs_the_conversation_and_deletes_the_claim() {
+    // The conversation runs `python3 fib.py` in the sandbox (pods run the host's tools).
+    if testkit::missing(Tool::Python3) {
+        return;
+    }
     let harness = harness().await;
     let api = FakeApi::start(seed_conversation(Duration::ZERO))
         .await
@@ -404,10 +424,14 @@ async fn killed_agent_leaves_no_claim_once_the_ttl_passes() {
     harness.stop().await;
 }
 
-/// `--local`: the same conversation on the in-process local cluster of `sandboxctl`, the
-/// binary serving its own runtime pods.
+/// `--local`: the same conversation on the in-process local cluster (as `sandboxctl run
+/// --local`), the binary serving its own runtime pods.
 #[tokio::test]
 async fn local_mode_runs_the_conversation() {
+    // The conversation runs `python3 fib.py` in the sandbox (pods run the host's tools).
+    if testkit::missing(Tool::Python3) {
+        return;
+    }
     let api = FakeApi::start(seed_conversation(Duration::ZERO))
         .await
         .unwrap();

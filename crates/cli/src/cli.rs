@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use agent_sandbox_sim::Isolation;
+use agent_sandbox_local::Isolation;
 use clap::{Args, Parser, Subcommand};
 
 use crate::output::Format;
@@ -71,10 +71,10 @@ fn path_or_empty(text: &str) -> Result<PathBuf, String> {
     version,
     propagate_version = true,
     after_help = "Examples:
-  sandboxctl run --local -- python3 -c 'print(6*7)'   # no cluster needed
-  sandboxctl dev                                       # a local cluster until Ctrl-C
-  sandboxctl run --pool python -- uname -a             # one-shot on the current cluster
-  C=$(sandboxctl claim --pool python --ttl 30m) && sandboxctl exec $C -- 'echo hi from $(hostname)'
+  sandboxctl run --local -- python3 -c 'print(6*7)'          # no cluster needed
+  sandboxctl dev                                              # a local cluster until Ctrl-C
+  sandboxctl run --pool python-sandbox-pool -- uname -a       # one-shot on the current cluster
+  C=$(sandboxctl claim --pool python-sandbox-pool --ttl 30m) && sandboxctl exec $C -- 'echo hi from $(hostname)'
 
 Also works as the kubectl plugin `kubectl sandbox` (install the binary as kubectl-sandbox)."
 )]
@@ -147,22 +147,22 @@ pub enum Command {
 
 Then, in another terminal, use the environment it prints:
   kubectl get sandboxwarmpools,sandboxes,pods
-  sandboxctl claim --pool python")]
+  sandboxctl claim --pool python-sandbox-pool")]
     Dev(DevArgs),
     /// Claim a sandbox, run one command in it (output streamed), delete the claim.
     #[command(after_help = "Examples:
   sandboxctl run --local -- python3 -c 'print(6*7)'
-  sandboxctl run --pool python -- 'echo $((6*7)) > /tmp/x && cat /tmp/x'
-  sandboxctl run --pool python --no-shell -- ls -la
+  sandboxctl run --pool python-sandbox-pool -- 'echo $((6*7)) > /tmp/x && cat /tmp/x'
+  sandboxctl run --pool python-sandbox-pool --no-shell -- ls -la
 
 The exit code is the command's. Claim and run latencies are reported on stderr;
 Ctrl-C deletes the claim.")]
     Run(RunArgs),
     /// Claim a sandbox from a warm pool and print the claim's name.
     #[command(after_help = "Examples:
-  sandboxctl claim --pool python                 # expires in 1h unless extended
-  sandboxctl claim --pool python --ttl 2h -o json
-  sandboxctl claim --pool python --ttl 0         # never expires: delete it yourself
+  sandboxctl claim --pool python-sandbox-pool             # expires in 1h unless extended
+  sandboxctl claim --pool python-sandbox-pool --ttl 2h -o json
+  sandboxctl claim --pool python-sandbox-pool --ttl 0     # never expires: delete it yourself
 
 The claim's expiry is printed on stderr; `sandboxctl extend CLAIM DURATION` moves it.")]
     Claim(ClaimArgs),
@@ -227,7 +227,7 @@ The claim's expiry is printed on stderr; `sandboxctl extend CLAIM DURATION` move
   sandboxctl completion zsh > \"${fpath[1]}/_sandboxctl\"")]
     Completion(CompletionArgs),
     /// Serve the sandbox runtime (how the local cluster's pods run; not for direct use).
-    #[command(name = "__runtime", hide = true)]
+    #[command(name = agent_sandbox_local::RUNTIME_SUBCOMMAND, hide = true)]
     Runtime(RuntimeArgs),
 }
 
@@ -240,7 +240,7 @@ pub struct DevArgs {
     /// Keep pods' files, logs and the signing key here (default: a temporary directory).
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
-    /// Sandboxes kept warm in the `python` pool.
+    /// Sandboxes kept warm in the default pool (`python-sandbox-pool`).
     #[arg(long, default_value_t = 2)]
     pub replicas: i32,
     /// Port of the API server on 127.0.0.1 (0: any free port).
@@ -290,7 +290,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub local: bool,
     /// Warm pool to claim from.
-    #[arg(long, default_value = crate::local::DEFAULT_POOL)]
+    #[arg(long, default_value = agent_sandbox_local::DEFAULT_POOL)]
     pub pool: String,
     /// Delete the claim after this long even if this process is killed (0: never; at most
     /// 87600h).
@@ -449,5 +449,5 @@ pub struct CompletionArgs {
 pub struct RuntimeArgs {
     /// The runtime's flags (with its `SANDBOX_*` environment fallbacks).
     #[command(flatten)]
-    pub args: agent_sandbox_runtime::Args,
+    pub args: agent_sandbox_local::runtime::Args,
 }

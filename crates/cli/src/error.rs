@@ -2,7 +2,6 @@
 //! carries its source; where the user can fix it, the message says how.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 /// Result with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -10,29 +9,11 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// What failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The simulated cluster did not start.
-    #[error("failed to start the simulated cluster: {source}")]
-    SimStart {
+    /// The local cluster (`run --local`, `dev`) failed.
+    #[error("{source}")]
+    Local {
         /// Cause.
-        source: agent_sandbox_sim::Error,
-    },
-    /// The CRDs could not be applied to the simulated cluster.
-    #[error("failed to apply the CRDs to the simulated cluster: {source}")]
-    SimCrds {
-        /// Cause.
-        source: agent_sandbox_sim::Error,
-    },
-    /// No kube client for the simulated cluster.
-    #[error("failed to build a client for the simulated cluster: {source}")]
-    SimClient {
-        /// Cause.
-        source: agent_sandbox_sim::Error,
-    },
-    /// The in-process router could not bind its listener.
-    #[error("failed to start the local router: {source}")]
-    RouterStart {
-        /// Cause.
-        source: agent_sandbox_router::Error,
+        source: agent_sandbox_local::Error,
     },
     /// A local file (data directory, key, kubeconfig) could not be read or written.
     #[error("failed to {action} {}: {source}", path.display())]
@@ -57,14 +38,6 @@ pub enum Error {
         name: String,
         /// Cause (boxed: kube's error is large, and errors travel through every call).
         source: Box<kube::Error>,
-    },
-    /// Something did not happen in time.
-    #[error("timed out after {after:?} waiting for {what}")]
-    Timeout {
-        /// What was awaited (`SandboxWarmPool default/python to have 1 ready sandbox`).
-        what: String,
-        /// How long we waited.
-        after: Duration,
     },
     /// A scoped router token could not be minted.
     #[error("failed to mint a router token for sandbox {namespace}/{sandbox}: {source}")]
@@ -299,7 +272,10 @@ fn sdk_failure(
 
 fn existing_pools(existing: &[String]) -> String {
     if existing.is_empty() {
-        "there are no pools in that namespace\n  fix: create one (see docs/cli.md), pass -n NAMESPACE, or use `sandboxctl dev` for a local cluster with the pool `python`".to_owned()
+        format!(
+            "there are no pools in that namespace\n  fix: create one (see docs/cli.md), pass -n NAMESPACE, or use `sandboxctl dev` for a local cluster with the pool `{}`",
+            agent_sandbox_local::DEFAULT_POOL
+        )
     } else {
         format!(
             "pools there: {}\n  fix: pass --pool with one of them (or -n for another namespace)",

@@ -1,9 +1,6 @@
-//! `sandboxctl`: the command line of agent-sandbox, and the local cluster it (and the demo agent)
-//! can start in-process.
+//! `sandboxctl`: the command line of agent-sandbox. Its local cluster (`run --local`, `dev`) is
+//! `agent_sandbox_local`'s, whose pods run this binary's hidden runtime subcommand.
 //!
-//! - [`local`]: [`local::LocalCluster`], the simulated cluster + controller + router + a warm
-//!   Python pool in one process, with no Docker and no extra binary (pods re-execute the current
-//!   binary's hidden runtime subcommand). Reused by `sandbox-agent --local`.
 //! - [`cli`]: the flags and subcommands (clap); [`run`] executes a parsed [`cli::Cli`].
 //! - [`commands`]: one function per subcommand. Claims, commands and files go through the SDK
 //!   (`agent_sandbox`); pools, logs and listings read the API directly.
@@ -17,7 +14,6 @@ pub mod cli;
 pub mod commands;
 pub mod context;
 pub mod error;
-pub mod local;
 pub mod output;
 pub mod spinner;
 pub mod token;

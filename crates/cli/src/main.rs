@@ -1,6 +1,6 @@
 //! `sandboxctl` (also `kubectl-sandbox`): parses the command line, sets up logging, and runs
-//! `agent_sandbox_cli`. The hidden runtime subcommand (how the local cluster's pods run) is
-//! served before any async runtime starts.
+//! `agent_sandbox_cli`. The hidden runtime subcommand (how the local cluster's pods run,
+//! `agent_sandbox_local::runtime`) is served before any async runtime starts.
 
 use std::process::ExitCode;
 
@@ -26,18 +26,7 @@ fn main() -> ExitCode {
         )
         .init();
     if let Command::Runtime(runtime) = cli.command {
-        return match agent_sandbox_cli::local::serve_runtime(runtime.args) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(error) => {
-                eprintln!("sandbox runtime: {error}");
-                // As `sandbox-runtime`: 2 for a configuration error, 1 otherwise.
-                if error.is_configuration() {
-                    ExitCode::from(2)
-                } else {
-                    ExitCode::FAILURE
-                }
-            }
-        };
+        return agent_sandbox_local::runtime::main(runtime.args);
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -10,11 +10,11 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use agent_sandbox_api::SandboxClaim;
-use agent_sandbox_cli::local::{LocalCluster, LocalConfig, RUNTIME_SUBCOMMAND};
-use agent_sandbox_sim::Program;
+use agent_sandbox_local::testkit::{self, Check, NAMESPACE, POOL, Tool};
+use agent_sandbox_local::{LocalCluster, LocalConfig, RuntimeProgram};
 use kube::Api;
 use kube::api::ListParams;
 use sha2::Digest as _;
@@ -25,10 +25,7 @@ const WAIT: Duration = Duration::from_secs(120);
 /// A local cluster whose pods run this crate's binary, with the pool warm.
 async fn cluster(replicas: i32) -> LocalCluster {
     let config = LocalConfig {
-        runtime: (
-            Program::Path(PathBuf::from(BIN)),
-            vec![RUNTIME_SUBCOMMAND.to_owned()],
-        ),
+        runtime: RuntimeProgram::Subcommand(PathBuf::from(BIN)),
         pool_replicas: replicas,
         ..LocalConfig::default()
     };
@@ -45,7 +42,7 @@ fn ctl(cluster: &LocalCluster, home: &Path) -> Command {
     let mut command = clean(home);
     command
         .env("KUBECONFIG", cluster.kubeconfig_path())
-        .env("SANDBOX_ROUTER_URL", cluster.router_url());
+        .env("SANDBOX_ROUTER_URL", cluster.router_url().unwrap());
     if let Some(token) = cluster.router_token() {
         command.env("SANDBOX_ROUTER_TOKEN", token);
     }
@@ -122,12 +119,12 @@ impl Drop for ChildGuard {
 }
 
 async fn claim_named(cluster: &LocalCluster, name: &str) -> SandboxClaim {
-    let api: Api<SandboxClaim> = Api::namespaced(cluster.client(), "default");
+    let api: Api<SandboxClaim> = Api::namespaced(cluster.client(), NAMESPACE);
     api.get(name).await.unwrap()
 }
 
 async fn claims(cluster: &LocalCluster) -> Vec<SandboxClaim> {
-    let api: Api<SandboxClaim> = Api::namespaced(cluster.client(), "default");
+    let api: Api<SandboxClaim> = Api::namespaced(cluster.client(), NAMESPACE);
     api.list(&ListParams::default()).await.unwrap().items
 }
 
@@ -137,11 +134,17 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let deadline = Instant::now() + WAIT;
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let looked = testkit::wait_for(what, WAIT, || {
+        let holds = check();
+        async move {
+            Ok::<_, testkit::Timeout>(if holds.await {
+                Check::Done(())
+            } else {
+                Check::NotYet("not yet".to_owned())
+            })
+        }
+    });
+    looked.await.unwrap();
 }
 
 /// Collects a pipe's text on a thread.
@@ -187,6 +190,9 @@ fn processes_mentioning(needle: &Path) -> Vec<String> {
 
 #[tokio::test]
 async fn run_local_works_from_a_clean_environment_and_leaves_nothing_behind() {
+    if testkit::missing(Tool::Python3) {
+        return;
+    }
     let home = tempfile::tempdir().unwrap();
     let mut command = clean(home.path());
     command.args(["run", "--local", "--", "python3", "-c", "print(6*7)"]);
@@ -220,13 +226,13 @@ async fn claim_exec_list_extend_logs_token_and_delete() {
     let home = tempfile::tempdir().unwrap();
 
     let mut command = ctl(&cluster, home.path());
-    command.args(["claim", "--pool", "python", "--ttl", "30m"]);
+    command.args(["claim", "--pool", POOL, "--ttl", "30m"]);
     let claim = ok(&output(command).await).trim().to_owned();
     assert!(claim.starts_with("sandbox-claim-"), "{claim}");
 
     // Without --ttl a claim expires in 1h, and stderr says so; --ttl 0 opts out.
     let mut command = ctl(&cluster, home.path());
-    command.args(["claim", "--pool", "python"]);
+    command.args(["claim", "--pool", POOL]);
     let out = output(command).await;
     let defaulted = ok(&out).trim().to_owned();
     let stderr = text(&out.stderr);
@@ -246,7 +252,7 @@ async fn claim_exec_list_extend_logs_token_and_delete() {
     let ttl = expires.as_second() - requested.as_second();
     assert!((3599..=3600).contains(&ttl), "{requested} -> {expires}");
     let mut command = ctl(&cluster, home.path());
-    command.args(["claim", "--pool", "python", "--ttl", "0", "-o", "json"]);
+    command.args(["claim", "--pool", POOL, "--ttl", "0", "-o", "json"]);
     let out = output(command).await;
     let forever: serde_json::Value = serde_json::from_str(&ok(&out)).unwrap();
     let forever = forever["claim"].as_str().unwrap().to_owned();
@@ -303,7 +309,7 @@ async fn claim_exec_list_extend_logs_token_and_delete() {
         .find(|r| r["name"] == claim.as_str())
         .unwrap();
     assert_eq!(row["ready"], "True");
-    assert_eq!(row["pool"], "python");
+    assert_eq!(row["pool"], POOL);
     assert!(!row["sandbox"].as_str().unwrap().is_empty());
     let first_expiry = row["expires"].as_str().unwrap().to_owned();
 
@@ -408,7 +414,7 @@ async fn cp_copies_directories_both_ways_and_ls_cat_rm_work() {
     std::fs::write(src.join("nested/deeper/c.txt"), "").unwrap();
 
     let mut command = ctl(&cluster, home.path());
-    command.args(["claim", "--pool", "python"]);
+    command.args(["claim", "--pool", POOL]);
     let claim = ok(&output(command).await).trim().to_owned();
 
     // Up: into a path that does not exist yet.
@@ -498,7 +504,7 @@ async fn pools_and_errors_that_say_how_to_fix_them() {
     assert!(
         table
             .lines()
-            .any(|l| l.starts_with("python") && l.contains(" 2 ")),
+            .any(|l| l.starts_with(POOL) && l.contains(" 2 ")),
         "{table}"
     );
     let mut command = ctl(&cluster, home.path());
@@ -512,7 +518,7 @@ async fn pools_and_errors_that_say_how_to_fix_them() {
     assert!(!out.status.success());
     let stderr = text(&out.stderr);
     assert!(
-        stderr.contains("nope") && stderr.contains("pools there: python"),
+        stderr.contains("nope") && stderr.contains(&format!("pools there: {POOL}")),
         "{stderr}"
     );
 
@@ -557,10 +563,12 @@ async fn ctrl_c_during_run_deletes_the_claim() {
     let home = tempfile::tempdir().unwrap();
     let mut command = ctl(&cluster, home.path());
     command
-        .args(["run", "--pool", "python", "--", "sleep 60"])
+        .args(["run", "--pool", POOL, "--", "echo started; sleep 60"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let mut child = ChildGuard(Some(command.spawn().unwrap()));
+    let mut spawned = command.spawn().unwrap();
+    let stdout = collect(spawned.stdout.take().unwrap());
+    let mut child = ChildGuard(Some(spawned));
     eventually("a ready claim", || async {
         claims(&cluster).await.iter().any(|c| {
             c.status.as_ref().is_some_and(|s| {
@@ -571,8 +579,11 @@ async fn ctrl_c_during_run_deletes_the_claim() {
         })
     })
     .await;
-    // Let it start the command.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    eventually("the command to run", || {
+        let started = stdout.lock().unwrap().contains("started");
+        async move { started }
+    })
+    .await;
     child.interrupt();
     let out = child.wait().await;
     assert_eq!(out.status.code(), Some(130), "{}", text(&out.stderr));
@@ -588,10 +599,11 @@ async fn ctrl_c_during_run_local_stops_every_process() {
     let home = tempfile::tempdir().unwrap();
     let mut command = clean(home.path());
     command
-        .args(["run", "--local", "--", "sleep 60"])
+        .args(["run", "--local", "--", "echo started; sleep 60"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut spawned = command.spawn().unwrap();
+    let stdout = collect(spawned.stdout.take().unwrap());
     let stderr = collect(spawned.stderr.take().unwrap());
     let mut child = ChildGuard(Some(spawned));
     eventually("the claim", || {
@@ -599,8 +611,11 @@ async fn ctrl_c_during_run_local_stops_every_process() {
         async move { seen }
     })
     .await;
-    // Let the command start.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    eventually("the command to run", || {
+        let started = stdout.lock().unwrap().contains("started");
+        async move { started }
+    })
+    .await;
     child.interrupt();
     let out = child.wait().await;
     assert_eq!(out.status.code(), Some(130), "{}", text(&out.stderr));
@@ -644,7 +659,7 @@ async fn dev_serves_until_ctrl_c_and_completion_prints_a_script() {
         .env("KUBECONFIG", &kubeconfig)
         .args(["pools", "-o", "json"]);
     let rows: serde_json::Value = serde_json::from_str(&ok(&output(pools).await)).unwrap();
-    assert_eq!(rows[0]["name"], "python");
+    assert_eq!(rows[0]["name"], POOL);
     assert_eq!(rows[0]["ready"], 1);
 
     child.interrupt();

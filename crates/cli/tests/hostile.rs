@@ -1,5 +1,5 @@
 //! The `sandboxctl` binary against hostile and broken endpoints on 127.0.0.1: a scripted fake
-//! router (`agent_sandbox::harness::FakeRouter`) that sends names climbing out of a download's
+//! router (`agent_sandbox_local::testkit::FakeRouter`) that sends names climbing out of a download's
 //! destination, a closed port, a plain HTTP server spoken to with TLS, a server that is not a
 //! router. The API server is a simulated one with a Ready claim written by hand (no controller,
 //! no pods). Every error must be one line that names what was wrong and what to do.
@@ -10,19 +10,22 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
 use agent_sandbox::FileType;
-use agent_sandbox::harness::{FakeRequest, FakeRouter, ready_claim};
-use agent_sandbox_sim::{Sim, SimConfig};
+use agent_sandbox_local::testkit::{
+    FakeRequest, FakeRouter, NAMESPACE, kubeconfig_yaml, ready_claim,
+};
+use agent_sandbox_local::{LocalCluster, LocalConfig};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sandboxctl");
 const CLAIM: &str = "hostile-claim";
 
-/// A sim with the Ready claim [`CLAIM`]; its kubeconfig is in `home`.
-async fn sim(home: &Path) -> Sim {
-    let sim = Sim::start(SimConfig::default().kubeconfig(home.join("kubeconfig")))
-        .await
-        .unwrap();
-    sim.apply_crds().unwrap();
-    ready_claim(&sim.client().unwrap(), "default", CLAIM, "hostile-sandbox")
+/// An API server with the Ready claim [`CLAIM`]; its kubeconfig is in `home`.
+async fn sim(home: &Path) -> LocalCluster {
+    let config = LocalConfig {
+        kubeconfig: Some(home.join("kubeconfig")),
+        ..LocalConfig::api_only()
+    };
+    let sim = LocalCluster::start(config).await.unwrap();
+    ready_claim(&sim.client(), NAMESPACE, CLAIM, "hostile-sandbox")
         .await
         .unwrap();
     sim
@@ -238,7 +241,7 @@ async fn an_unreachable_api_server_is_one_line_that_names_it() {
     let kubeconfig = home.path().join("kubeconfig");
     std::fs::write(
         &kubeconfig,
-        agent_sandbox_sim::kubeconfig_yaml(&format!("http://127.0.0.1:{port}")),
+        kubeconfig_yaml(&format!("http://127.0.0.1:{port}")),
     )
     .unwrap();
     for args in [

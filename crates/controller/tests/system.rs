@@ -1,7 +1,8 @@
 //! System tests: the controller against the simulated cluster, with the real runtime as the pod
-//! process of every sandbox.
+//! process of every sandbox (`agent_sandbox_local`'s in-process cluster, without a router or
+//! default objects).
 //!
-//! Each test starts its own sim and controller; dropping the harness stops the controller and
+//! Each test starts its own cluster and controller; dropping the harness stops the controller and
 //! the sim, which kills every pod process.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -25,7 +26,8 @@ use agent_sandbox_api::{
 };
 use agent_sandbox_controller::Config;
 use agent_sandbox_controller::config::LeaderElection;
-use agent_sandbox_sim::{Program, Sim, SimConfig, runtime_entry, test_support::workspace_binary};
+use agent_sandbox_local::testkit::{self, Check};
+use agent_sandbox_local::{ControllerTask, LocalCluster, LocalConfig};
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
@@ -51,17 +53,8 @@ const NS: &str = "default";
 const WAIT: Duration = Duration::from_secs(60);
 
 struct Harness {
-    sim: Sim,
+    cluster: LocalCluster,
     client: Client,
-    controller: Option<JoinHandle<()>>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    config: Config,
-}
-
-impl Drop for Harness {
-    fn drop(&mut self) {
-        self.kill_controller();
-    }
 }
 
 impl Harness {
@@ -80,54 +73,31 @@ impl Harness {
             )
             .with_test_writer()
             .try_init();
-        let runtime = workspace_binary("agent-sandbox-runtime", "sandbox-runtime").unwrap();
-        let sim = Sim::start(
-            SimConfig::default().image(runtime_entry("*runtime*", Program::Path(runtime))),
-        )
+        let cluster = LocalCluster::start(LocalConfig {
+            runtime: testkit::runtime_program().unwrap(),
+            controller: Some(config),
+            ..LocalConfig::api_only()
+        })
         .await
         .unwrap();
-        sim.apply_crds().unwrap();
-        let client = sim.client().unwrap();
-        let mut harness = Self {
-            sim,
-            client,
-            controller: None,
-            stop: None,
-            config,
-        };
-        harness.start_controller();
-        harness
+        let client = cluster.client();
+        Self { cluster, client }
     }
 
-    /// Starts (or restarts) the controller in this process.
+    /// Starts the controller again in this process (after a stop or a kill).
     fn start_controller(&mut self) {
-        let (task, stop) = spawn_controller(self.client.clone(), self.config.clone());
-        self.controller = Some(task);
-        self.stop = Some(stop);
+        self.cluster.start_controller();
     }
 
-    /// Stops the controller the way SIGTERM does (graceful shutdown) and waits for it to end.
+    /// Stops the controller the way SIGTERM does (graceful shutdown) and waits for it to end;
+    /// the controller's own failure fails the test.
     async fn stop_controller(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(mut task) = self.controller.take() {
-            match tokio::time::timeout(WAIT, &mut task).await {
-                Ok(ended) => ended.unwrap(),
-                Err(_) => {
-                    task.abort();
-                    panic!("the controller did not stop within {WAIT:?}");
-                }
-            }
-        }
+        self.cluster.stop_controller(WAIT).await.unwrap();
     }
 
     /// Kills the controller abruptly (in-flight requests are dropped), as a crash would.
     fn kill_controller(&mut self) {
-        if let Some(task) = self.controller.take() {
-            task.abort();
-        }
-        self.stop = None;
+        self.cluster.kill_controller();
     }
 
     /// A guard that prints sandboxes, pods and pod logs if the test panics.
@@ -170,23 +140,6 @@ impl Harness {
     }
 }
 
-/// Runs the controller in this process until the returned sender fires (or is dropped).
-fn spawn_controller(
-    client: Client,
-    config: Config,
-) -> (JoinHandle<()>, tokio::sync::oneshot::Sender<()>) {
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        let shutdown = async move {
-            let _ = stopped.await;
-        };
-        if let Err(error) = agent_sandbox_controller::run(client, config, shutdown).await {
-            panic!("controller failed: {error}");
-        }
-    });
-    (task, stop)
-}
-
 /// Aborts a task when dropped, so that a failing test leaves nothing running.
 struct AbortOnDrop(JoinHandle<()>);
 
@@ -212,27 +165,24 @@ impl Drop for DumpOnPanic {
     }
 }
 
-/// Polls `get` until `check` holds, for at most [`WAIT`].
+/// Polls `get` until `check` holds, for at most [`WAIT`]; the timeout shows the last value seen.
 async fn wait_for<T, F, Fut>(what: &str, mut get: F, check: impl Fn(&T) -> bool) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
     T: std::fmt::Debug,
 {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let mut last = None;
-    loop {
-        if let Some(value) = get().await {
-            if check(&value) {
-                return value;
-            }
-            last = Some(value);
+    let check = &check;
+    let found = testkit::wait_for(what, WAIT, || {
+        let value = get();
+        async move {
+            Ok::<_, testkit::Timeout>(match value.await {
+                Some(value) if check(&value) => Check::Done(value),
+                seen => Check::NotYet(format!("{seen:#?}")),
+            })
         }
-        if tokio::time::Instant::now() > deadline {
-            panic!("timed out after {WAIT:?} waiting for {what}; last seen: {last:#?}");
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    });
+    found.await.unwrap_or_else(|timeout| panic!("{timeout}"))
 }
 
 async fn get<K>(api: &Api<K>, name: &str) -> Option<K>
@@ -366,45 +316,10 @@ async fn ready_pool(h: &Harness, name: &str, replicas: i32) -> SandboxWarmPool {
 /// Runs `command` (legacy `/execute`) in the pod at `ip`.
 async fn execute(ip: &str, command: &str) -> serde_json::Value {
     let url = format!("http://{ip}:8888/execute");
-    let body = json!({"command": command}).to_string();
-    let response = http_post(&url, &body).await;
-    serde_json::from_str(&response).unwrap()
-}
-
-async fn http_post(url: &str, body: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let without_scheme = url.strip_prefix("http://").unwrap();
-    let (host, path) = without_scheme.split_once('/').unwrap();
-    let mut stream = tokio::net::TcpStream::connect(host).await.unwrap();
-    let request = format!(
-        "POST /{path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
-    let (head, body) = response.split_once("\r\n\r\n").unwrap();
-    if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        decode_chunked(body)
-    } else {
-        body.to_owned()
-    }
-}
-
-fn decode_chunked(mut body: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = body.split_once("\r\n") {
-        let size = usize::from_str_radix(size.trim(), 16).unwrap();
-        if size == 0 {
-            break;
-        }
-        out.push_str(&rest[..size]);
-        body = &rest[size + 2..];
-    }
-    out
+    testkit::http::post_json(&url, &json!({"command": command}))
+        .await
+        .unwrap()
+        .json()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -532,7 +447,7 @@ async fn a_warm_claim_costs_four_writes() {
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    let before = h.sim.request_counts();
+    let before = h.cluster.request_counts();
     let claims: Api<SandboxClaim> = h.api();
     create(&claims, &claim("claim-a", "pool")).await;
     wait_for(
@@ -543,7 +458,7 @@ async fn a_warm_claim_costs_four_writes() {
     .await;
     // Let every follow-up reconcile run; a status write when nothing changed would show here.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let during = h.sim.request_counts().since(&before);
+    let during = h.cluster.request_counts().since(&before);
 
     let pool_writes = during.get(
         "apply",
@@ -968,13 +883,10 @@ async fn the_template_policy_has_the_secure_shape_and_follows_the_router_setting
 }
 
 async fn http_status(addr: std::net::SocketAddr, path: &str) -> Option<u16> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.ok()?;
-    response.split(' ').nth(1)?.parse().ok()
+    let answer = testkit::http::get(&format!("http://{addr}{path}"))
+        .await
+        .ok()?;
+    Some(answer.status.as_u16())
 }
 
 /// Regression: with many objects listed at startup, `/readyz` once waited on the same store
@@ -1270,14 +1182,13 @@ async fn a_stopping_leader_hands_the_lease_to_a_standby() {
         |lease| holder(lease) == "first",
     )
     .await;
-    let (standby, _stop_standby) = spawn_controller(
+    let _standby = ControllerTask::spawn(
         h.client.clone(),
         Config {
             leader_election: Some(election("second")),
             ..Config::default()
         },
     );
-    let _standby = AbortOnDrop(standby);
 
     h.stop_controller().await;
     let released = get(&leases, "controller-leader").await.unwrap();
@@ -1477,7 +1388,7 @@ async fn a_sandbox_without_containers_is_refused_once_and_says_why() {
     )
     .await;
     assert_eq!(
-        h.sim.request_counts().get("create", "", "pods"),
+        h.cluster.request_counts().get("create", "", "pods"),
         2,
         "one refused pod and other's"
     );

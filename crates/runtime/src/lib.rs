@@ -208,6 +208,15 @@ pub async fn shutdown_signal() {
 /// Builds a tokio runtime with [`Config::effective_worker_threads`] workers and serves until
 /// SIGTERM or SIGINT. For binaries whose `main` is synchronous.
 pub fn run(config: Config) -> Result<()> {
+    run_until(config, shutdown_signal())
+}
+
+/// [`run`], but until `shutdown` resolves (for binaries that serve the runtime as one of their
+/// subcommands and stop it for reasons of their own too).
+pub fn run_until(
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(config.effective_worker_threads())
         // File transfers and listings use the blocking pool; bound it.
@@ -216,5 +225,5 @@ pub fn run(config: Config) -> Result<()> {
         .enable_all()
         .build()
         .map_err(|source| Error::Runtime { source })?;
-    runtime.block_on(serve(config, shutdown_signal()))
+    runtime.block_on(serve(config, shutdown))
 }

@@ -351,16 +351,6 @@ pub enum Error {
     #[error("failed to install the SIGINT/SIGTERM handlers for auto cleanup")]
     Signals(#[source] std::io::Error),
 
-    /// A step of the test harness failed (feature `harness`).
-    #[error("test harness: failed to {step}")]
-    Harness {
-        /// The step.
-        step: &'static str,
-        /// Why.
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
-
     /// The fake sandbox has no scripted answer for a command (feature `fake`).
     #[error("the fake sandbox has no scripted result for command {command:?}")]
     Unscripted {

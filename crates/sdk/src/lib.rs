@@ -30,9 +30,10 @@
 //!   operations are retried, commands never unless the caller opts in;
 //! - the [`Sandbox`] handle: `run`, `exec_stream`, background processes, files, identity,
 //!   `extend_ttl`, `disconnect`, `close`;
-//! - [`SandboxHandle`], the handle as a trait, with [`fake::FakeSandbox`] (feature `fake`);
-//! - `harness` (feature `harness`): a simulated cluster with controller, router, a template and
-//!   a warm pool, for system tests and benchmarks.
+//! - [`SandboxHandle`], the handle as a trait, with [`fake::FakeSandbox`] (feature `fake`).
+//!
+//! The crate depends on no server crate; its system tests run against
+//! `agent-sandbox-local`'s in-process cluster, a dev-dependency.
 //!
 //! `docs/sdk.md` lists the public API and how it differs from upstream's Go SDK.
 
@@ -48,8 +49,6 @@ mod transport;
 
 #[cfg(feature = "fake")]
 pub mod fake;
-#[cfg(feature = "harness")]
-pub mod harness;
 
 pub use agent_sandbox_api::runtime::v1::{
     ExecEvent, ExitInfo, FileEntry, FileType, OutputChunk, ProcessInfo, ProcessState,

@@ -8,17 +8,16 @@
 use std::path::Path;
 use std::time::Duration;
 
-use agent_sandbox::harness::{FakeRequest, FakeRouter, ready_claim};
 use agent_sandbox::{Client, ClientOptions, ConnectionMode, Error, FileType, RetryPolicy, Sandbox};
-use agent_sandbox_sim::{Sim, SimConfig};
+use agent_sandbox_local::testkit::{FakeBoxError, FakeRequest, FakeRouter, ready_claim};
+use agent_sandbox_local::{LocalCluster, LocalConfig};
 
 const CLAIM: &str = "hostile-claim";
 
-/// A sim with a Ready claim, and a client attached to it through `fake`.
-async fn attach(fake: &FakeRouter, options: ClientOptions) -> (Sim, Sandbox) {
-    let sim = Sim::start(SimConfig::default()).await.unwrap();
-    sim.apply_crds().unwrap();
-    let kube = sim.client().unwrap();
+/// An API server with a Ready claim, and a client attached to it through `fake`.
+async fn attach(fake: &FakeRouter, options: ClientOptions) -> (LocalCluster, Sandbox) {
+    let sim = LocalCluster::start(LocalConfig::api_only()).await.unwrap();
+    let kube = sim.client();
     ready_claim(&kube, "default", CLAIM, "hostile-sandbox")
         .await
         .unwrap();
@@ -150,9 +149,9 @@ async fn an_answer_larger_than_the_cap_is_refused_without_buffering_it() {
     // A listing whose body never ends.
     let endless = FakeRouter::start(|_| {
         let spaces = futures_util::stream::repeat_with(|| {
-            Ok::<_, agent_sandbox::harness::FakeBoxError>(hyper::body::Frame::data(
-                bytes::Bytes::from_static(&[b' '; 64 * 1024]),
-            ))
+            Ok::<_, FakeBoxError>(hyper::body::Frame::data(bytes::Bytes::from_static(
+                &[b' '; 64 * 1024],
+            )))
         });
         let mut response = http::Response::new(http_body_util::BodyExt::boxed_unsync(
             http_body_util::StreamBody::new(spaces),
@@ -403,7 +402,7 @@ async fn collected_output_is_capped_and_process_ids_are_never_dot_segments() {
             + "\n";
         let line = bytes::Bytes::from(line);
         let events = futures_util::stream::repeat_with(move || {
-            Ok::<_, agent_sandbox::harness::FakeBoxError>(hyper::body::Frame::data(line.clone()))
+            Ok::<_, FakeBoxError>(hyper::body::Frame::data(line.clone()))
         });
         let mut response = http::Response::new(http_body_util::BodyExt::boxed_unsync(
             http_body_util::StreamBody::new(events),

@@ -1,16 +1,18 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! System tests of the SDK on the simulated cluster: the controller and router of this
-//! workspace, the real runtime as sandbox pods, a template and a warm pool (see
-//! `agent_sandbox::harness`). The seed article's smoke test runs once per connection mode.
+//! workspace, the real runtime as sandbox pods, the default template and a warm pool (the
+//! in-process cluster of `agent_sandbox_local`). The seed article's smoke test runs once per
+//! connection mode.
 
 use std::time::{Duration, Instant};
 
-use agent_sandbox::harness::{Harness, HarnessConfig, NAMESPACE, POOL};
 use agent_sandbox::{
     ClientOptions, ConnectionMode, CreateOptions, Error, ExecEvent, ExecOptions, FileType,
     Progress, RetryPolicy,
 };
 use agent_sandbox_api::{SandboxClaim, annotations, labels};
+use agent_sandbox_local::testkit::{self, NAMESPACE, POOL};
+use agent_sandbox_local::{ConnectionKind, Isolation, LocalCluster, LocalConfig, RouterAuth};
 use kube::Api;
 use pretty_assertions::assert_eq;
 use tokio::io::AsyncReadExt as _;
@@ -25,8 +27,31 @@ fn init_tracing() {
         .try_init();
 }
 
-async fn claim(harness: &Harness, name: &str) -> Option<SandboxClaim> {
-    Api::<SandboxClaim>::namespaced(harness.kube_client(), NAMESPACE)
+/// How long the pool may take to fill.
+const WAIT: Duration = Duration::from_secs(120);
+
+/// A local cluster with the workspace's runtime as sandbox pods, an unauthenticated in-process
+/// router (the `hold` example sends no token), the Gateway, a router pod for port-forward mode
+/// when asked, and the default pool of `replicas`, full and Ready.
+async fn start(replicas: i32, router_pod: bool) -> LocalCluster {
+    let config = LocalConfig {
+        runtime: testkit::runtime_program().unwrap(),
+        router_auth: RouterAuth::None,
+        pool_replicas: replicas,
+        gateway: true,
+        router_pod: router_pod.then(|| testkit::router_binary().unwrap()),
+        ..LocalConfig::default()
+    };
+    let harness = LocalCluster::start(config).await.unwrap();
+    harness
+        .wait_for_pool(replicas, WAIT, |_, _| {})
+        .await
+        .unwrap();
+    harness
+}
+
+async fn claim(harness: &LocalCluster, name: &str) -> Option<SandboxClaim> {
+    Api::<SandboxClaim>::namespaced(harness.client(), NAMESPACE)
         .get_opt(name)
         .await
         .unwrap()
@@ -43,20 +68,15 @@ fn shutdown_time(claim: &SandboxClaim) -> Option<jiff::Timestamp> {
 
 /// The seed's smoke test: claim from a warm pool, report the ready latency, run a shell
 /// command that names the pod, round-trip a file in a subdirectory, extend the TTL.
-async fn smoke(mode: &str) {
+async fn smoke(mode: ConnectionKind) {
     init_tracing();
-    let harness = Harness::start(HarnessConfig::default().router_pod(mode == "port-forward"))
-        .await
-        .unwrap();
-    if mode == "gateway" {
-        harness.create_gateway().await.unwrap();
-    }
-    let client = harness.client(mode);
+    let harness = start(2, mode == ConnectionKind::PortForward).await;
+    let client = harness.sdk_client(mode).unwrap();
 
     let started = Instant::now();
     let sandbox = client.create_sandbox(POOL).await.unwrap();
     eprintln!(
-        "[{mode}] sandbox ready in {:?}: claim={} sandbox={} pod={} via {:?}",
+        "[{mode:?}] sandbox ready in {:?}: claim={} sandbox={} pod={} via {:?}",
         started.elapsed(),
         sandbox.claim_name(),
         sandbox.sandbox_name(),
@@ -70,9 +90,10 @@ async fn smoke(mode: &str) {
     );
     assert!(sandbox.is_ready());
     match mode {
-        "port-forward" => assert!(sandbox.local_addr().is_some()),
-        "gateway" => assert_eq!(sandbox.router_url(), Some(harness.router_url())),
-        _ => assert_eq!(sandbox.router_url(), Some(harness.router_url())),
+        ConnectionKind::PortForward => assert!(sandbox.local_addr().is_some()),
+        ConnectionKind::Gateway | ConnectionKind::Direct => {
+            assert_eq!(sandbox.router_url().as_deref(), harness.router_url());
+        }
     }
     let object = claim(&harness, sandbox.claim_name()).await.unwrap();
     assert_eq!(
@@ -89,9 +110,9 @@ async fn smoke(mode: &str) {
         .run_with(ExecOptions::shell("echo hello from $(hostname)"))
         .await
         .unwrap();
-    eprintln!("[{mode}] run: {:?}", hello.stdout);
+    eprintln!("[{mode:?}] run: {:?}", hello.stdout);
     assert_eq!(hello.exit_code, 0, "{hello:?}");
-    if agent_sandbox_sim::bwrap_available() {
+    if harness.isolation() == Isolation::Bwrap {
         // Under bubblewrap a pod has its own UTS namespace named after the pod.
         assert_eq!(hello.stdout, format!("hello from {}\n", sandbox.pod_name()));
     } else {
@@ -129,27 +150,25 @@ async fn smoke(mode: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn smoke_direct() {
-    smoke("direct").await;
+    smoke(ConnectionKind::Direct).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn smoke_port_forward() {
-    smoke("port-forward").await;
+    smoke(ConnectionKind::PortForward).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn smoke_gateway() {
-    smoke("gateway").await;
+    smoke(ConnectionKind::Gateway).await;
 }
 
 /// Every handle operation against the real runtime, and the claim lifecycle around them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handle_operations_and_claim_lifecycle() {
     init_tracing();
-    let harness = Harness::start(HarnessConfig::default().router_pod(false))
-        .await
-        .unwrap();
-    let client = harness.client("direct");
+    let harness = start(2, false).await;
+    let client = harness.sdk_client(ConnectionKind::Direct).unwrap();
     let steps = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let seen = steps.clone();
     let sandbox = client
@@ -338,10 +357,8 @@ async fn handle_operations_and_claim_lifecycle() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_pool_is_a_typed_error_and_the_claim_is_rolled_back() {
     init_tracing();
-    let harness = Harness::start(HarnessConfig::default().router_pod(false).pool_replicas(1))
-        .await
-        .unwrap();
-    let client = harness.client("direct");
+    let harness = start(1, false).await;
+    let client = harness.sdk_client(ConnectionKind::Direct).unwrap();
     let error = client.create_sandbox("no-such-pool").await.unwrap_err();
     match &error {
         Error::WarmPoolNotFound { pool, .. } => assert_eq!(pool, "no-such-pool"),
@@ -354,8 +371,10 @@ async fn a_missing_pool_is_a_typed_error_and_the_claim_is_rolled_back() {
     assert!(client.created_claims().is_empty());
 
     // A claim that cannot get Ready in time is rolled back too.
-    let impatient =
-        agent_sandbox::Client::from_kube(harness.kube_client(), harness.options("direct"));
+    let impatient = agent_sandbox::Client::from_kube(
+        harness.client(),
+        harness.client_options(ConnectionKind::Direct).unwrap(),
+    );
     let error = impatient
         .create_sandbox_with(POOL, CreateOptions::default().ready_timeout(Duration::ZERO))
         .await
@@ -370,13 +389,11 @@ async fn a_missing_pool_is_a_typed_error_and_the_claim_is_rolled_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn port_forward_finds_the_router_and_detects_a_dead_tunnel() {
     init_tracing();
-    let harness = Harness::start(HarnessConfig::default().pool_replicas(1))
-        .await
-        .unwrap();
+    let harness = start(1, true).await;
 
     // The router is not in `default`: the error says where it looked and what to set.
     let wrong = agent_sandbox::Client::from_kube(
-        harness.kube_client(),
+        harness.client(),
         ClientOptions::default()
             .namespace(NAMESPACE)
             .connection(ConnectionMode::port_forward_in("default")),
@@ -389,7 +406,7 @@ async fn port_forward_finds_the_router_and_detects_a_dead_tunnel() {
     );
     assert!(wrong.list().await.unwrap().is_empty(), "rolled back");
 
-    let client = harness.client("port-forward");
+    let client = harness.sdk_client(ConnectionKind::PortForward).unwrap();
     let sandbox = client.create_sandbox(POOL).await.unwrap();
     assert_eq!(
         sandbox.run("echo via tunnel").await.unwrap().stdout,
@@ -397,10 +414,8 @@ async fn port_forward_finds_the_router_and_detects_a_dead_tunnel() {
     );
 
     // Kill the router pod: the handle turns not-ready without waiting for a timeout.
-    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(
-        harness.kube_client(),
-        agent_sandbox_api::wire::SYSTEM_NAMESPACE,
-    );
+    let pods: Api<k8s_openapi::api::core::v1::Pod> =
+        Api::namespaced(harness.client(), agent_sandbox_api::wire::SYSTEM_NAMESPACE);
     pods.delete("sandbox-router-0", &Default::default())
         .await
         .unwrap();
@@ -418,10 +433,7 @@ async fn port_forward_finds_the_router_and_detects_a_dead_tunnel() {
     ));
 
     // A new router pod; open() reconnects through it.
-    harness
-        .create_router_pod_named("sandbox-router-1")
-        .await
-        .unwrap();
+    harness.create_router_pod("sandbox-router-1").await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         match sandbox.open().await {
@@ -442,10 +454,8 @@ async fn port_forward_finds_the_router_and_detects_a_dead_tunnel() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commands_are_sent_once_and_file_operations_retry() {
     init_tracing();
-    let harness = Harness::start(HarnessConfig::default().router_pod(false).pool_replicas(1))
-        .await
-        .unwrap();
-    let client = harness.client("direct");
+    let harness = start(1, false).await;
+    let client = harness.sdk_client(ConnectionKind::Direct).unwrap();
     let sandbox = client.create_sandbox(POOL).await.unwrap();
     let claim_name = sandbox.claim_name().to_owned();
 
@@ -454,9 +464,10 @@ async fn commands_are_sent_once_and_file_operations_retry() {
     let dead_url = format!("http://{}", closed.local_addr().unwrap());
     drop(closed);
     let broken = agent_sandbox::Client::from_kube(
-        harness.kube_client(),
+        harness.client(),
         harness
-            .options("direct")
+            .client_options(ConnectionKind::Direct)
+            .unwrap()
             .connection(ConnectionMode::direct(dead_url.clone()))
             .retry(
                 RetryPolicy::attempts(3)
@@ -494,15 +505,13 @@ async fn commands_are_sent_once_and_file_operations_retry() {
 async fn auto_cleanup_deletes_the_claims_of_a_terminated_process() {
     use std::io::BufRead as _;
     init_tracing();
-    let harness = Harness::start(HarnessConfig::default().router_pod(false).pool_replicas(1))
-        .await
-        .unwrap();
+    let harness = start(1, false).await;
     let hold = example_binary("hold");
     let mut child = Child(
         std::process::Command::new(hold)
             .arg(POOL)
             .env("KUBECONFIG", harness.kubeconfig_path())
-            .env("SANDBOX_ROUTER_URL", harness.router_url())
+            .env("SANDBOX_ROUTER_URL", harness.router_url().unwrap())
             .env("SANDBOX_NAMESPACE", NAMESPACE)
             .stdout(std::process::Stdio::piped())
             .spawn()

@@ -6,6 +6,7 @@
 
 mod common;
 
+use agent_sandbox_local::testkit::{Tool, missing};
 use agent_sandbox_sim::{Isolation, Program, Sim, SimConfig, runtime_entry};
 use common::{container_pid, eventually, group_alive, runtime_binary, sim};
 use k8s_openapi::api::core::v1::{ConfigMap, Event as CoreEvent, Pod};
@@ -99,8 +100,7 @@ async fn pods_run_commands_and_follow_restart_policy_without_isolation() {
 
 #[tokio::test]
 async fn pods_run_commands_and_follow_restart_policy_in_bubblewrap() {
-    if !agent_sandbox_sim::bwrap_available() {
-        eprintln!("skipped: bubblewrap (bwrap) is not installed or cannot create namespaces here");
+    if missing(Tool::Bubblewrap) {
         return;
     }
     runs_commands_and_follows_restart_policy(Isolation::Bwrap).await;
@@ -108,8 +108,7 @@ async fn pods_run_commands_and_follow_restart_policy_in_bubblewrap() {
 
 #[tokio::test]
 async fn bubblewrap_gives_pods_a_read_only_root_and_a_writable_app_directory() {
-    if !agent_sandbox_sim::bwrap_available() {
-        eprintln!("skipped: bubblewrap (bwrap) is not installed or cannot create namespaces here");
+    if missing(Tool::Bubblewrap) {
         return;
     }
     let sim = sim(Isolation::Bwrap).await;
@@ -213,8 +212,7 @@ async fn deleting_a_pod_stops_its_processes_without_isolation() {
 
 #[tokio::test]
 async fn deleting_a_pod_stops_its_processes_in_bubblewrap() {
-    if !agent_sandbox_sim::bwrap_available() {
-        eprintln!("skipped: bubblewrap (bwrap) is not installed or cannot create namespaces here");
+    if missing(Tool::Bubblewrap) {
         return;
     }
     deletion_stops_processes(Isolation::Bwrap).await;
@@ -578,8 +576,7 @@ async fn no_process_outlives_its_pod_without_isolation() {
 
 #[tokio::test]
 async fn no_process_outlives_its_pod_in_bubblewrap() {
-    if !agent_sandbox_sim::bwrap_available() {
-        eprintln!("skipped: bubblewrap (bwrap) is not installed or cannot create namespaces here");
+    if missing(Tool::Bubblewrap) {
         return;
     }
     no_process_outlives_its_pod(Isolation::Bwrap).await;

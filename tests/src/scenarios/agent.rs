@@ -10,7 +10,7 @@ use kube::Api;
 use serde_json::Value;
 
 use super::Verdict;
-use crate::cluster::Cluster;
+use crate::cluster::ClusterUnderTest;
 use crate::ensure;
 use crate::error::{Error, Result};
 use crate::support::{binary, run_child, wait_gone};
@@ -18,7 +18,7 @@ use crate::support::{binary, run_child, wait_gone};
 /// The agent claims a sandbox, runs both tool calls in it, prints the model's answer, returns
 /// each tool's result to the model, and deletes its claim on the way out.
 pub(super) async fn the_agent_writes_and_runs_a_script_then_deletes_its_claim(
-    cluster: &Cluster,
+    cluster: &ClusterUnderTest,
 ) -> Result<Verdict> {
     let program = binary("agent-sandbox-agent", "sandbox-agent")?;
     let api = FakeApi::start(seed_conversation(Duration::ZERO))

@@ -9,7 +9,7 @@ use kube::Api;
 use kube::api::DeleteParams;
 
 use super::Verdict;
-use crate::cluster::Cluster;
+use crate::cluster::ClusterUnderTest;
 use crate::ensure;
 use crate::error::{Error, Result};
 use crate::support::{Finished, binary, get, run_child, wait_gone};
@@ -18,7 +18,7 @@ use crate::support::{Finished, binary, get, run_child, wait_gone};
 const LIMIT: Duration = Duration::from_secs(240);
 
 async fn sandboxctl(
-    cluster: &Cluster,
+    cluster: &ClusterUnderTest,
     program: &Path,
     args: &[&str],
     stdin: Option<&[u8]>,
@@ -31,7 +31,7 @@ async fn sandboxctl(
 /// `sandboxctl run -- python3 ...` prints the program's output on stdout, exits with its code
 /// and deletes its claim.
 pub(super) async fn run_prints_the_output_and_leaves_no_claim(
-    cluster: &Cluster,
+    cluster: &ClusterUnderTest,
 ) -> Result<Verdict> {
     let program = binary("sandboxctl", "sandboxctl")?;
     let pool = cluster.pool.as_str();
@@ -90,7 +90,7 @@ pub(super) async fn run_prints_the_output_and_leaves_no_claim(
 
 /// `claim`, then `exec` (output, exit code, stdin), `cp` in and `cat` out, `extend`, and
 /// `delete`: the claim is gone at the end.
-pub(super) async fn claim_exec_cp_cat_extend_delete(cluster: &Cluster) -> Result<Verdict> {
+pub(super) async fn claim_exec_cp_cat_extend_delete(cluster: &ClusterUnderTest) -> Result<Verdict> {
     let program = binary("sandboxctl", "sandboxctl")?;
     let claimed = sandboxctl(
         cluster,
@@ -115,7 +115,7 @@ pub(super) async fn claim_exec_cp_cat_extend_delete(cluster: &Cluster) -> Result
     Ok(Verdict::Passed)
 }
 
-async fn session(cluster: &Cluster, program: &Path, claim: &str) -> Result<()> {
+async fn session(cluster: &ClusterUnderTest, program: &Path, claim: &str) -> Result<()> {
     let exec = sandboxctl(
         cluster,
         program,

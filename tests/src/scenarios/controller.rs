@@ -18,16 +18,16 @@ use kube::{Api, ResourceExt as _};
 use serde_json::json;
 
 use super::Verdict;
-use crate::cluster::Cluster;
+use crate::cluster::ClusterUnderTest;
 use crate::ensure;
 use crate::error::{Error, Result};
 use crate::support::{
-    WAIT, claim, describe_conditions, get, pool, run_labels, sandbox_ready, sandbox_suspended,
-    wait_claim_ready, wait_for, wait_gone, wait_pool_ready,
+    Check, WAIT, claim, describe_conditions, get, pool, run_labels, sandbox_ready,
+    sandbox_suspended, wait_claim_ready, wait_for, wait_gone, wait_pool_ready,
 };
 
 /// The Sandboxes a pool owns, unclaimed.
-async fn members(cluster: &Cluster, pool: &str) -> Result<Vec<Sandbox>> {
+async fn members(cluster: &ClusterUnderTest, pool: &str) -> Result<Vec<Sandbox>> {
     let sandboxes: Api<Sandbox> = cluster.api();
     Ok(sandboxes
         .list(&Default::default())
@@ -76,7 +76,7 @@ where
 /// A claim on a fresh pool of one adopts that pool's running member (same pod, not restarted,
 /// relabelled as warm and owned by the claim), and the pool makes a new member.
 pub(super) async fn a_warm_claim_adopts_a_running_member_and_the_pool_refills(
-    cluster: &Cluster,
+    cluster: &ClusterUnderTest,
 ) -> Result<Verdict> {
     let pools: Api<SandboxWarmPool> = cluster.api();
     let claims: Api<SandboxClaim> = cluster.api();
@@ -145,9 +145,9 @@ pub(super) async fn a_warm_claim_adopts_a_running_member_and_the_pool_refills(
                 .filter(|s| s.name_any() != member && sandbox_ready(s))
                 .count();
             Ok(if fresh >= 1 {
-                (Some(()), String::new())
+                Check::Done(())
             } else {
-                (None, format!("{} members, none ready and new", now.len()))
+                Check::NotYet(format!("{} members, none ready and new", now.len()))
             })
         },
     )
@@ -161,7 +161,7 @@ pub(super) async fn a_warm_claim_adopts_a_running_member_and_the_pool_refills(
 /// Four claims at once on a pool of two: four Ready claims on four distinct sandboxes, the
 /// pool's two members among them.
 pub(super) async fn concurrent_claims_get_distinct_sandboxes_warm_then_cold(
-    cluster: &Cluster,
+    cluster: &ClusterUnderTest,
 ) -> Result<Verdict> {
     let pools: Api<SandboxWarmPool> = cluster.api();
     let claims: Api<SandboxClaim> = cluster.api();
@@ -211,7 +211,7 @@ pub(super) async fn concurrent_claims_get_distinct_sandboxes_warm_then_cold(
 /// A claim whose shutdown time passes with policy `Delete` is deleted, and so is the sandbox it
 /// adopted (upstream's expiry missed adopted sandboxes).
 pub(super) async fn an_expired_claim_is_deleted_with_its_sandbox(
-    cluster: &Cluster,
+    cluster: &ClusterUnderTest,
 ) -> Result<Verdict> {
     let claims: Api<SandboxClaim> = cluster.api();
     let sandboxes: Api<Sandbox> = cluster.api();
@@ -242,7 +242,7 @@ pub(super) async fn an_expired_claim_is_deleted_with_its_sandbox(
 
 /// Deleting a claim deletes its sandbox and the sandbox's pod.
 pub(super) async fn deleting_a_claim_deletes_its_sandbox_and_pod(
-    cluster: &Cluster,
+    cluster: &ClusterUnderTest,
 ) -> Result<Verdict> {
     let claims: Api<SandboxClaim> = cluster.api();
     let sandboxes: Api<Sandbox> = cluster.api();
@@ -270,7 +270,7 @@ pub(super) async fn deleting_a_claim_deletes_its_sandbox_and_pod(
 /// A Sandbox on the template's blueprint: suspending deletes its pod and reports
 /// `Suspended=True`; resuming brings a new pod and Ready back.
 pub(super) async fn a_suspended_sandbox_loses_its_pod_and_resumes(
-    cluster: &Cluster,
+    cluster: &ClusterUnderTest,
 ) -> Result<Verdict> {
     let templates: Api<SandboxTemplate> = cluster.api();
     let sandboxes: Api<Sandbox> = cluster.api();
@@ -331,14 +331,13 @@ async fn wait_sandbox(
 ) -> Result<Sandbox> {
     wait_for(&format!("sandbox {name} to be {state}"), WAIT, || async {
         Ok(match get(api, name).await? {
-            Some(sandbox) if check(&sandbox) => (Some(sandbox), String::new()),
+            Some(sandbox) if check(&sandbox) => Check::Done(sandbox),
             Some(sandbox) => {
-                let seen = sandbox.status.as_ref().map_or("no status".to_owned(), |s| {
+                Check::NotYet(sandbox.status.as_ref().map_or("no status".to_owned(), |s| {
                     describe_conditions(&s.conditions)
-                });
-                (None, seen)
+                }))
             }
-            None => (None, "the sandbox does not exist".to_owned()),
+            None => Check::NotYet("the sandbox does not exist".to_owned()),
         })
     })
     .await
@@ -347,7 +346,7 @@ async fn wait_sandbox(
 /// The template's managed NetworkPolicy selects its sandboxes, admits only the router's pods
 /// and denies egress to private, link-local and metadata ranges.
 pub(super) async fn the_template_policy_admits_only_the_router(
-    cluster: &Cluster,
+    cluster: &ClusterUnderTest,
 ) -> Result<Verdict> {
     let templates: Api<SandboxTemplate> = cluster.api();
     let template = get(&templates, &cluster.template)

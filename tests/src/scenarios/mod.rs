@@ -1,4 +1,4 @@
-//! The scenarios, by the issue they come from. Each takes the [`Cluster`] and either passes,
+//! The scenarios, by the issue they come from. Each takes the [`ClusterUnderTest`] and either passes,
 //! is skipped with a reason (a capability this cluster lacks), or fails with an [`Error`]
 //! saying what was expected and what was seen.
 //!
@@ -10,7 +10,7 @@
 use std::future::Future;
 use std::pin::Pin;
 
-use crate::cluster::Cluster;
+use crate::cluster::ClusterUnderTest;
 use crate::error::Result;
 
 mod agent;
@@ -37,7 +37,7 @@ pub struct Scenario {
     /// `area::name`, what filters match.
     pub name: &'static str,
     /// Runs it.
-    pub run: for<'a> fn(&'a Cluster) -> ScenarioFuture<'a>,
+    pub run: for<'a> fn(&'a ClusterUnderTest) -> ScenarioFuture<'a>,
 }
 
 impl std::fmt::Debug for Scenario {
@@ -48,7 +48,7 @@ impl std::fmt::Debug for Scenario {
 
 macro_rules! scenario {
     ($area:ident :: $name:ident) => {{
-        fn run(cluster: &Cluster) -> ScenarioFuture<'_> {
+        fn run(cluster: &ClusterUnderTest) -> ScenarioFuture<'_> {
             Box::pin($area::$name(cluster))
         }
         Scenario {

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Service;
 use kube::Api;
 
 use super::Verdict;
-use crate::cluster::{Cluster, NetworkEnforcement, SdkMode};
+use crate::cluster::{ClusterUnderTest, NetworkEnforcement, SdkMode};
 use crate::ensure;
 use crate::error::{Error, Result};
 use crate::support::RUN_LABEL;
@@ -25,7 +25,7 @@ except OSError as e:\n    print('refused' if e.errno==111 else 'error %s' % e)\n
 /// The API server (Service `kubernetes` in `default`) times out from a sandbox; the public
 /// address connects.
 pub(super) async fn a_sandbox_cannot_reach_the_api_server_but_reaches_the_internet(
-    cluster: &Cluster,
+    cluster: &ClusterUnderTest,
 ) -> Result<Verdict> {
     if let NetworkEnforcement::NotEnforced(reason) = &cluster.network {
         return Ok(Verdict::Skipped(reason.clone()));

@@ -7,13 +7,13 @@ use agent_sandbox_api::SandboxClaim;
 use kube::Api;
 
 use super::Verdict;
-use crate::cluster::{Cluster, SdkMode};
+use crate::cluster::{ClusterUnderTest, SdkMode};
 use crate::ensure;
 use crate::error::{Error, Result};
 use crate::support::{RUN_LABEL, get, wait_gone};
 
 /// A claim through `client`, labelled with the run, expiring on its own after ten minutes.
-async fn claim(cluster: &Cluster, client: &agent_sandbox::Client) -> Result<Sandbox> {
+async fn claim(cluster: &ClusterUnderTest, client: &agent_sandbox::Client) -> Result<Sandbox> {
     client
         .create_sandbox_with(
             &cluster.pool,
@@ -30,7 +30,7 @@ async fn claim(cluster: &Cluster, client: &agent_sandbox::Client) -> Result<Sand
 
 /// Claim, run (output and exit codes), write and read back binary data, list, extend the TTL,
 /// close: the claim is gone afterwards.
-async fn round_trip(cluster: &Cluster, mode: SdkMode) -> Result<Verdict> {
+async fn round_trip(cluster: &ClusterUnderTest, mode: SdkMode) -> Result<Verdict> {
     let client = match cluster.sdk(mode) {
         Ok(client) => client,
         Err(reason) => return Ok(Verdict::Skipped(reason)),
@@ -49,7 +49,7 @@ async fn round_trip(cluster: &Cluster, mode: SdkMode) -> Result<Verdict> {
     Ok(Verdict::Passed)
 }
 
-async fn exercise(cluster: &Cluster, sandbox: &Sandbox) -> Result<()> {
+async fn exercise(cluster: &ClusterUnderTest, sandbox: &Sandbox) -> Result<()> {
     let answer = sandbox
         .run("python3 -c 'print(6*7)'")
         .await
@@ -130,23 +130,25 @@ async fn exercise(cluster: &Cluster, sandbox: &Sandbox) -> Result<()> {
 }
 
 /// The smoke test through a port-forward to a router pod.
-pub(super) async fn round_trip_through_port_forward(cluster: &Cluster) -> Result<Verdict> {
+pub(super) async fn round_trip_through_port_forward(cluster: &ClusterUnderTest) -> Result<Verdict> {
     round_trip(cluster, SdkMode::PortForward).await
 }
 
 /// The smoke test through a router URL.
-pub(super) async fn round_trip_through_a_direct_url(cluster: &Cluster) -> Result<Verdict> {
+pub(super) async fn round_trip_through_a_direct_url(cluster: &ClusterUnderTest) -> Result<Verdict> {
     round_trip(cluster, SdkMode::Direct).await
 }
 
 /// The smoke test through a Gateway's address.
-pub(super) async fn round_trip_through_a_gateway(cluster: &Cluster) -> Result<Verdict> {
+pub(super) async fn round_trip_through_a_gateway(cluster: &ClusterUnderTest) -> Result<Verdict> {
     round_trip(cluster, SdkMode::Gateway).await
 }
 
 /// With a scoped router, a token minted for one sandbox opens that sandbox and is refused
 /// (403) for another.
-pub(super) async fn a_token_for_another_sandbox_is_refused(cluster: &Cluster) -> Result<Verdict> {
+pub(super) async fn a_token_for_another_sandbox_is_refused(
+    cluster: &ClusterUnderTest,
+) -> Result<Verdict> {
     let Some(key) = cluster.router.signing_key.clone() else {
         return Ok(Verdict::Skipped(
             "the router does not use scoped tokens (no signing-key Secret)".to_owned(),

@@ -220,7 +220,7 @@ fn first_loss(original: &Value, back: &Value, path: &mut String) -> Option<Strin
 /// Validates one of our kinds against its generated CRD schema too (types, enums, required).
 fn crd_schema<T>(object: &Value) -> Result<()>
 where
-    T: kube::CustomResourceExt,
+    T: kube_core::CustomResourceExt,
 {
     let crd = T::crd();
     let schema = crd
@@ -639,15 +639,9 @@ mod tests {
     use super::*;
     use crate::workspace_root;
 
+    /// kubectl renders the manifests; without it the test is skipped (fails under `CI=true`).
     fn kubectl_available() -> bool {
-        let found = Command::new("kubectl")
-            .args(["version", "--client"])
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if !found {
-            eprintln!("SKIPPED: kubectl is not installed; .ci/run installs it");
-        }
-        found
+        !agent_sandbox_local::testkit::missing(agent_sandbox_local::testkit::Tool::Kubectl)
     }
 
     fn rendered(dir: &str) -> Vec<Value> {
@@ -965,21 +959,12 @@ mod tests {
         );
     }
 
-    /// Aborts the in-process controller when the test ends, also on failure.
-    struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-    impl Drop for AbortOnDrop {
-        fn drop(&mut self) {
-            self.0.abort();
-        }
-    }
-
     /// The sandboxes component as Flux delivers it on kind (flux/kind, images transformed)
     /// applies with kubectl to the simulated cluster, and the controller fills its warm pool with
     /// Ready sandboxes running the real runtime (the image maps to `sandbox-runtime`).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_sandboxes_component_fills_its_warm_pool_on_the_sim() {
-        use agent_sandbox_sim::{Program, Sim, SimConfig, runtime_entry, test_support};
+        use agent_sandbox_local::{LocalCluster, LocalConfig, testkit};
         if !kubectl_available() {
             return;
         }
@@ -1006,27 +991,17 @@ mod tests {
             .to_owned();
         assert_eq!(image, "agent-sandbox/runtime-python:dev");
 
-        let runtime =
-            test_support::workspace_binary("agent-sandbox-runtime", "sandbox-runtime").unwrap();
-        let sim = Sim::start(SimConfig::default().image(runtime_entry(
-            "agent-sandbox/runtime-python:*",
-            Program::Path(runtime),
-        )))
+        // The sim with the controller and the runtime for `*runtime*` images (the image above
+        // is one); no router and no objects of its own: kubectl applies them.
+        let mut sim = LocalCluster::start(LocalConfig {
+            runtime: testkit::runtime_program().unwrap(),
+            in_process_router: false,
+            defaults: false,
+            ..LocalConfig::default()
+        })
         .await
         .unwrap();
-        sim.apply_crds().unwrap();
-        let client = sim.client().unwrap();
-        let controller = {
-            let client = client.clone();
-            AbortOnDrop(tokio::spawn(async move {
-                let config = agent_sandbox_controller::Config::default();
-                if let Err(error) =
-                    agent_sandbox_controller::run(client, config, std::future::pending()).await
-                {
-                    panic!("controller failed: {error}");
-                }
-            }))
-        };
+        let client = sim.client();
 
         // Apply what Flux would, with the real kubectl.
         let dir = tempfile::tempdir().unwrap();
@@ -1054,18 +1029,21 @@ mod tests {
         );
 
         let pools: kube::Api<SandboxWarmPool> = kube::Api::namespaced(client.clone(), &namespace);
-        let mut last = None;
-        for _ in 0..1200 {
-            let pool = pools.get("python-sandbox-pool").await.unwrap();
-            let ready = pool.status.as_ref().map_or(0, |s| s.ready_replicas);
-            if i64::from(ready) == replicas {
-                last = None;
-                break;
-            }
-            last = Some(pool.status);
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-        assert!(last.is_none(), "warm pool never became Ready: {last:?}");
+        testkit::wait_for(
+            "the warm pool to be Ready",
+            std::time::Duration::from_secs(60),
+            || async {
+                let pool = pools.get("python-sandbox-pool").await.unwrap();
+                let ready = pool.status.as_ref().map_or(0, |s| s.ready_replicas);
+                Ok::<_, testkit::Timeout>(if i64::from(ready) == replicas {
+                    testkit::Check::Done(())
+                } else {
+                    testkit::Check::NotYet(format!("{:?}", pool.status))
+                })
+            },
+        )
+        .await
+        .unwrap();
 
         // Its members run the runtime under the template's managed NetworkPolicy.
         let policies: kube::Api<NetworkPolicy> = kube::Api::namespaced(client.clone(), &namespace);
@@ -1083,7 +1061,9 @@ mod tests {
                 .unwrap()["kubernetes.io/metadata.name"],
             wire::SYSTEM_NAMESPACE
         );
-        drop(controller);
+        sim.stop_controller(std::time::Duration::from_secs(60))
+            .await
+            .unwrap();
         sim.stop().await;
     }
 }

@@ -2,9 +2,12 @@
 
 use std::time::Duration;
 
+use agent_sandbox_local::{
+    DEFAULT_NAMESPACE, DEFAULT_POOL, DEFAULT_TEMPLATE, LocalCluster, LocalConfig, RouterAuth,
+};
+
 use crate::cli::{DevArgs, ENV_ROUTER_TOKEN, ENV_ROUTER_URL, ENV_SIGNING_KEY_FILE};
 use crate::error::{Error, Result};
-use crate::local::{DEFAULT_NAMESPACE, DEFAULT_POOL, LocalCluster, LocalConfig, RouterAuth};
 use crate::spinner::Spinner;
 
 /// Starts the local cluster, prints how to use it, and runs until Ctrl-C or SIGTERM.
@@ -28,7 +31,7 @@ pub async fn dev(args: DevArgs) -> Result<i32> {
     let Some(cluster) = started else {
         return Ok(130);
     };
-    let cluster = cluster?;
+    let cluster = cluster.map_err(|source| Error::Local { source })?;
     if args.replicas > 0 {
         spinner.set_message(format!("warming the pool {DEFAULT_POOL}"));
         let waited = tokio::select! {
@@ -42,7 +45,7 @@ pub async fn dev(args: DevArgs) -> Result<i32> {
             cluster.stop().await;
             return Ok(130);
         };
-        waited?;
+        waited.map_err(|source| Error::Local { source })?;
     }
     spinner.finish();
     eprint!("{}", banner(&cluster, args.replicas));
@@ -56,7 +59,7 @@ pub async fn dev(args: DevArgs) -> Result<i32> {
 /// What `dev` prints once the cluster is up.
 fn banner(cluster: &LocalCluster, replicas: i32) -> String {
     let kubeconfig = cluster.kubeconfig_path().display().to_string();
-    let router = cluster.router_url();
+    let router = cluster.router_url().unwrap_or_default();
     let mut env = vec![
         format!("export KUBECONFIG={kubeconfig}"),
         format!("export {ENV_ROUTER_URL}={router}"),
@@ -105,7 +108,7 @@ Ctrl-C stops everything.
         isolation = cluster.isolation(),
         api = cluster.api_url(),
         auth = cluster.router_auth(),
-        template = crate::local::DEFAULT_TEMPLATE,
+        template = DEFAULT_TEMPLATE,
         data = cluster.data_dir().display(),
         env = env.join("\n  "),
     )

@@ -10,6 +10,7 @@ use agent_sandbox::{
     ClientOptions, ConnectionMode, CreateOptions, ExecEvent, ExecOptions, FileType, Progress,
     Sandbox,
 };
+use agent_sandbox_local::{LocalCluster, LocalConfig};
 use serde::Serialize;
 use tokio::io::AsyncWriteExt as _;
 
@@ -18,7 +19,6 @@ use super::{interrupted, io, print};
 use crate::cli::{ClaimArgs, CommandArgs, CpArgs, ExecArgs, GlobalArgs, LsArgs, RmArgs, RunArgs};
 use crate::context::Cluster;
 use crate::error::{Error, Result};
-use crate::local::{LocalCluster, LocalConfig};
 use crate::output::{self, Format};
 use crate::spinner::Spinner;
 
@@ -343,7 +343,7 @@ pub async fn run_local(global: &GlobalArgs, args: RunArgs) -> Result<i32> {
     let Some(local) = started_cluster else {
         return Ok(EXIT_INTERRUPTED);
     };
-    let local = local?;
+    let local = local.map_err(|source| Error::Local { source })?;
     spinner.set_message("warming a sandbox");
     let warmed = tokio::select! {
         warmed = local.wait_for_pool(1, args.wait_timeout, |_, _| {}) => Some(warmed),
@@ -354,19 +354,19 @@ pub async fn run_local(global: &GlobalArgs, args: RunArgs) -> Result<i32> {
         local.stop().await;
         return Ok(EXIT_INTERRUPTED);
     };
-    warmed?;
+    warmed.map_err(|source| Error::Local { source })?;
     eprintln!(
         "sandboxctl: local cluster up with a warm sandbox in {}",
         millis(started.elapsed())
     );
     let mut global = global.clone();
-    global.router_url = Some(local.router_url().to_owned());
+    global.router_url = local.router_url().map(str::to_owned);
     global.router_token = local.router_token();
     global.signing_key_file = None;
     let namespace = global
         .namespace
         .clone()
-        .unwrap_or_else(|| crate::local::DEFAULT_NAMESPACE.to_owned());
+        .unwrap_or_else(|| agent_sandbox_local::DEFAULT_NAMESPACE.to_owned());
     let cluster = Cluster::from_client(local.client(), namespace, &global)?;
     let code = claim_run_delete(&cluster, &args).await;
     local.stop().await;

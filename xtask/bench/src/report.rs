@@ -133,7 +133,7 @@ pub(crate) fn merge_into(path: &Path, rows: &[Row]) -> Result<()> {
     let mut out = String::new();
     out.push_str("# Benchmarks\n\n");
     out.push_str(
-        "Written by `cargo xtask bench` (cases in `xtask/src/bench/`); re-measure one case with\n\
+        "Written by `cargo xtask bench` (cases in `xtask/bench/src/`); re-measure one case with\n\
          `cargo xtask bench <case-prefix>` (`cargo xtask bench --list` names them). Latencies are\n\
          per operation; peak RSS is the high-water mark of the process measured. Figures are\n\
          from one machine and vary between runs; compare ratios measured in the same run.\n\n",

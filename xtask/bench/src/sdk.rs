@@ -1,5 +1,5 @@
 //! Cases for `crates/sdk`: claim → Ready → first `run`, as the SDK observes it, per connection
-//! mode, over warm claims in the simulated cluster (`agent_sandbox::harness`: the sim, the
+//! mode, over warm claims in the simulated cluster (`agent_sandbox_local`: the sim, the
 //! controller and a router in this process, the release `sandbox-runtime` as sandbox pods and
 //! the release `sandbox-router` as the router pod for port-forward mode).
 
@@ -7,10 +7,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use agent_sandbox::ExecOptions;
-use agent_sandbox::harness::{Harness, HarnessConfig, NAMESPACE, POOL};
-use agent_sandbox_api::SandboxWarmPool;
+use agent_sandbox_local::{
+    ConnectionKind, DEFAULT_POOL, LocalCluster, LocalConfig, RouterAuth, RuntimeProgram,
+};
 use anyhow::{Result, bail};
-use kube::Api;
 
 use super::{Case, Options, Row, Samples, format_duration};
 
@@ -35,15 +35,24 @@ pub(super) fn cases() -> Vec<Case> {
 }
 
 fn direct(root: &Path, options: Options) -> Result<Vec<Row>> {
-    claim_to_first_run(root, options, "direct")
+    claim_to_first_run(root, options, ConnectionKind::Direct)
 }
 
 fn port_forward(root: &Path, options: Options) -> Result<Vec<Row>> {
-    claim_to_first_run(root, options, "port-forward")
+    claim_to_first_run(root, options, ConnectionKind::PortForward)
 }
 
 fn gateway(root: &Path, options: Options) -> Result<Vec<Row>> {
-    claim_to_first_run(root, options, "gateway")
+    claim_to_first_run(root, options, ConnectionKind::Gateway)
+}
+
+/// The case's name for `kind`.
+fn mode_name(kind: ConnectionKind) -> &'static str {
+    match kind {
+        ConnectionKind::Direct => "direct",
+        ConnectionKind::PortForward => "port-forward",
+        ConnectionKind::Gateway => "gateway",
+    }
 }
 
 fn build(root: &Path) -> Result<(PathBuf, PathBuf)> {
@@ -51,49 +60,32 @@ fn build(root: &Path) -> Result<(PathBuf, PathBuf)> {
     Ok((bin.join("sandbox-runtime"), bin.join("sandbox-router")))
 }
 
-async fn pool_full(harness: &Harness, replicas: i32) -> Result<()> {
-    let pools: Api<SandboxWarmPool> = Api::namespaced(harness.kube_client(), NAMESPACE);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let ready = pools
-            .get(POOL)
-            .await?
-            .status
-            .is_some_and(|s| s.ready_replicas >= replicas);
-        if ready {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!("the warm pool did not refill within 60s");
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-fn claim_to_first_run(root: &Path, options: Options, mode: &str) -> Result<Vec<Row>> {
+fn claim_to_first_run(root: &Path, options: Options, kind: ConnectionKind) -> Result<Vec<Row>> {
     let (runtime, router) = build(root)?;
+    let mode = mode_name(kind);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     rt.block_on(async {
         let replicas = 4;
-        let harness = Harness::start(
-            HarnessConfig::default()
-                .pool_replicas(replicas)
-                .router_pod(mode == "port-forward")
-                .binaries(runtime, router),
-        )
-        .await?;
-        if mode == "gateway" {
-            harness.create_gateway().await?;
-        }
-        let client = harness.client(mode);
+        let config = LocalConfig {
+            runtime: RuntimeProgram::Binary(runtime),
+            router_auth: RouterAuth::None,
+            pool_replicas: replicas,
+            gateway: kind == ConnectionKind::Gateway,
+            router_pod: (kind == ConnectionKind::PortForward).then_some(router),
+            ..LocalConfig::default()
+        };
+        let cluster = LocalCluster::start(config).await?;
+        let client = cluster.sdk_client(kind)?;
         let count = options.iterations(100);
         let mut samples = Samples::with_capacity(count);
         for _ in 0..count {
-            pool_full(&harness, replicas).await?;
+            cluster
+                .wait_for_pool(replicas, Duration::from_secs(60), |_, _| {})
+                .await?;
             let started = Instant::now();
-            let sandbox = client.create_sandbox(POOL).await?;
+            let sandbox = client.create_sandbox(DEFAULT_POOL).await?;
             let result = sandbox.run_with(ExecOptions::new("true")).await?;
             samples.push(started.elapsed());
             if result.exit_code != 0 {
@@ -101,16 +93,16 @@ fn claim_to_first_run(root: &Path, options: Options, mode: &str) -> Result<Vec<R
             }
             sandbox.close().await?;
         }
-        harness.stop().await;
+        cluster.stop().await;
         Ok(vec![
             Row::new(format!("sdk/claim-to-first-run/{mode}"))
                 .median(format_duration(samples.median()))
                 .p99(format_duration(samples.p99()))
                 .notes(format!(
-                    "{} warm claims from a pool of {replicas}; SDK, sim, controller and in-process router in the ({}) xtask process, release runtime{} pods",
+                    "{} warm claims from a pool of {replicas}; SDK, sim, controller and in-process router in the ({}) bench process, release runtime{} pods",
                     samples.len(),
                     if cfg!(debug_assertions) { "dev-profile" } else { "release" },
-                    if mode == "port-forward" { " and router" } else { "" }
+                    if kind == ConnectionKind::PortForward { " and router" } else { "" }
                 )),
         ])
     })

@@ -17,6 +17,8 @@ use agent_sandbox_api::{
     Sandbox, SandboxClaim, SandboxClaimSpec, SandboxSpec, SandboxTemplate, SandboxTemplateSpec,
     SandboxWarmPool, SandboxWarmPoolSpec,
 };
+use agent_sandbox_local::testkit::http::get;
+use agent_sandbox_local::{DEFAULT_POOL, DEFAULT_TEMPLATE};
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -46,7 +48,7 @@ pub(super) fn cases() -> Vec<Case> {
     ]
 }
 
-const NS: &str = "default";
+const NS: &str = agent_sandbox_local::DEFAULT_NAMESPACE;
 
 fn build(root: &Path) -> Result<PathBuf> {
     super::build_release(
@@ -91,8 +93,10 @@ fn mib(kib: u64) -> String {
     format!("{value:.1} MiB")
 }
 
-/// A running kube-sim plus controller, with a client.
-struct Cluster {
+/// The release `kube-sim` and (optionally) the release `agent-sandbox-controller` as child
+/// processes of the bench, with a client of the sim: the controller measured as it runs in a
+/// cluster, in its own process.
+struct SimAndControllerProcesses {
     _sim: Process,
     controller: Option<Process>,
     client: Client,
@@ -102,7 +106,7 @@ struct Cluster {
     _dir: PathBuf,
 }
 
-impl Drop for Cluster {
+impl Drop for SimAndControllerProcesses {
     fn drop(&mut self) {
         self.controller = None;
         let _ = std::fs::remove_dir_all(&self._dir);
@@ -115,7 +119,7 @@ fn free_port() -> Result<u16> {
         .port())
 }
 
-impl Cluster {
+impl SimAndControllerProcesses {
     async fn start(root: &Path, name: &str, with_controller: bool) -> Result<Self> {
         let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
         let bin = build(root)?;
@@ -185,9 +189,9 @@ impl Cluster {
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
-            if http_get(addr, "/readyz")
+            if get(&format!("http://{addr}/readyz"))
                 .await
-                .is_ok_and(|(status, _)| status == 200)
+                .is_ok_and(|answer| answer.status == 200)
             {
                 return Ok(());
             }
@@ -201,7 +205,7 @@ impl Cluster {
     /// The sim's request counters, by (verb, group, resource).
     async fn counts(&self) -> Result<BTreeMap<(String, String, String), u64>> {
         let addr: SocketAddr = self.base_url.trim_start_matches("http://").parse()?;
-        let (_, body) = http_get(addr, "/sim/metrics").await?;
+        let body = get(&format!("http://{addr}/sim/metrics")).await?.text();
         let mut counts = BTreeMap::new();
         for line in body
             .lines()
@@ -227,29 +231,6 @@ impl Cluster {
     }
 }
 
-async fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    stream
-        .write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .await?;
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).await?;
-    let text = String::from_utf8_lossy(&response).into_owned();
-    let status = text
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_owned())
-        .unwrap_or_default();
-    Ok((status, body))
-}
-
 fn runtime_spec() -> PodSpec {
     PodSpec {
         containers: vec![Container {
@@ -263,7 +244,7 @@ fn runtime_spec() -> PodSpec {
 
 async fn create_pool(client: &Client, replicas: i32) -> Result<()> {
     let template = SandboxTemplate::new(
-        "python",
+        DEFAULT_TEMPLATE,
         SandboxTemplateSpec {
             blueprint: SandboxBlueprint {
                 pod_template: PodTemplate {
@@ -279,11 +260,11 @@ async fn create_pool(client: &Client, replicas: i32) -> Result<()> {
         .create(&PostParams::default(), &template)
         .await?;
     let pool = SandboxWarmPool::new(
-        "pool",
+        DEFAULT_POOL,
         SandboxWarmPoolSpec {
             replicas,
             sandbox_template_ref: SandboxTemplateRef {
-                name: "python".into(),
+                name: DEFAULT_TEMPLATE.into(),
             },
             update_strategy: None,
         },
@@ -300,7 +281,7 @@ async fn pool_full(client: &Client, replicas: i32, within: Duration) -> Result<(
         pool.and_then(|p| p.status.as_ref())
             .is_some_and(|s| s.ready_replicas == replicas && s.replicas == replicas)
     };
-    tokio::time::timeout(within, await_condition(pools, "pool", condition))
+    tokio::time::timeout(within, await_condition(pools, DEFAULT_POOL, condition))
         .await
         .with_context(|| {
             format!("the pool did not reach {replicas} ready members within {within:?}")
@@ -328,7 +309,7 @@ const CLAIM_PATH: [(&str, &str, &str); 4] = [
 
 fn warm_claim(root: &Path, options: Options) -> Result<Vec<Row>> {
     tokio_runtime()?.block_on(async {
-        let cluster = Cluster::start(root, "warm-claim", true).await?;
+        let cluster = SimAndControllerProcesses::start(root, "warm-claim", true).await?;
         let replicas = 5;
         create_pool(&cluster.client, replicas).await?;
         pool_full(&cluster.client, replicas, Duration::from_secs(120)).await?;
@@ -343,7 +324,7 @@ fn warm_claim(root: &Path, options: Options) -> Result<Vec<Row>> {
             let name = format!("bench-{i}");
             let claim = SandboxClaim::new(
                 &name,
-                SandboxClaimSpec { warm_pool_ref: SandboxWarmPoolRef { name: "pool".into() }, ..SandboxClaimSpec::default() },
+                SandboxClaimSpec { warm_pool_ref: SandboxWarmPoolRef { name: DEFAULT_POOL.into() }, ..SandboxClaimSpec::default() },
             );
             let start = Instant::now();
             claims.create(&PostParams::default(), &claim).await?;
@@ -389,7 +370,7 @@ fn warm_claim(root: &Path, options: Options) -> Result<Vec<Row>> {
 
 fn pool_200(root: &Path, options: Options) -> Result<Vec<Row>> {
     tokio_runtime()?.block_on(async {
-        let cluster = Cluster::start(root, "pool-200", true).await?;
+        let cluster = SimAndControllerProcesses::start(root, "pool-200", true).await?;
         let replicas = if options.quick { 20 } else { 200 };
         let start = Instant::now();
         create_pool(&cluster.client, replicas).await?;
@@ -417,7 +398,7 @@ fn pool_200(root: &Path, options: Options) -> Result<Vec<Row>> {
 
 fn rss_10k(root: &Path, options: Options) -> Result<Vec<Row>> {
     tokio_runtime()?.block_on(async {
-        let mut cluster = Cluster::start(root, "rss-10k", false).await?;
+        let mut cluster = SimAndControllerProcesses::start(root, "rss-10k", false).await?;
         let count = options.iterations(10_000);
         let sandboxes: Api<Sandbox> = Api::namespaced(cluster.client.clone(), NS);
         let mut spec = SandboxSpec {

@@ -1,10 +1,14 @@
-//! `cargo xtask bench`: the project's benchmark harness.
+//! `agent-sandbox-bench`, run by `cargo xtask bench`: the project's benchmark harness.
 //!
 //! Each case measures one thing and returns rows (name, median, p99 or throughput, peak RSS
 //! where relevant). The harness prints them and writes `docs/benchmarks.md` with the machine's
 //! cores and memory, replacing the rows of the cases that ran and keeping the others, so one
 //! case can be re-measured without re-running everything. Speed goals live here, never in timed
 //! test assertions.
+//!
+//! It is its own package, so that building `xtask` (for `gen-crds` and the like) compiles none
+//! of the server crates the cases drive. Arguments: case name prefixes (all cases when none),
+//! `--quick` (fewer iterations), `--dry-run` (print, do not write the report), `--list`.
 
 mod api;
 mod controller;
@@ -23,6 +27,44 @@ use anyhow::{Context as _, Result, bail};
 
 pub(crate) use report::Row;
 pub(crate) use stats::Samples;
+
+fn main() {
+    // Errors are for people at a terminal: the message and its causes, and a non-zero exit.
+    if let Err(error) = cli(std::env::args().skip(1)) {
+        eprintln!("error: {error:#}");
+        std::process::exit(1);
+    }
+}
+
+/// Runs the command line `args` (everything after the program name).
+fn cli(args: impl Iterator<Item = String>) -> Result<()> {
+    let mut filters = Vec::new();
+    let (mut quick, mut dry_run) = (false, false);
+    for arg in args {
+        match arg.as_str() {
+            "--list" => {
+                list();
+                return Ok(());
+            }
+            "--quick" => quick = true,
+            "--dry-run" => dry_run = true,
+            flag if flag.starts_with('-') => {
+                bail!("unknown option {flag} (--quick, --dry-run, --list or case prefixes)")
+            }
+            prefix => filters.push(prefix.to_owned()),
+        }
+    }
+    run(&workspace_root(), &filters, Options { quick }, dry_run)
+}
+
+/// The workspace root: this package lives two levels below it.
+fn workspace_root() -> PathBuf {
+    let manifest_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest_dir
+        .ancestors()
+        .nth(2)
+        .map_or_else(|| manifest_dir.clone(), Path::to_path_buf)
+}
 
 /// Options shared by every case.
 #[derive(Debug, Clone, Copy)]
@@ -113,9 +155,9 @@ pub(crate) fn format_duration(duration: Duration) -> String {
 
 /// Builds the named workspace binaries in release and returns `target/release`.
 ///
-/// `--workspace` resolves features once for the whole workspace, as the release xtask running
-/// the benches was built: every case's binaries share that build's dependency artifacts instead
-/// of rebuilding the graph with a per-package feature set.
+/// `--workspace` resolves features once for the whole workspace, as `cargo xtask bench` built
+/// this binary: every case's binaries share that build's dependency artifacts instead of
+/// rebuilding the graph with a per-package feature set.
 pub(crate) fn build_release(root: &Path, bins: &[&str]) -> Result<PathBuf> {
     let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()));
     command
@@ -131,4 +173,34 @@ pub(crate) fn build_release(root: &Path, bins: &[&str]) -> Result<PathBuf> {
         bail!("cargo build --release of {} failed", bins.join(", "));
     }
     Ok(root.join("target/release"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_harness_runs_a_real_case_and_names_the_cases_when_none_matches() {
+        let root = workspace_root();
+        assert!(
+            root.join("docs/benchmarks.md").is_file(),
+            "{}",
+            root.display()
+        );
+        run(
+            &root,
+            &["api/name-hash".to_owned()],
+            Options { quick: true },
+            true,
+        )
+        .unwrap();
+        let error = run(&root, &["nope/".to_owned()], Options { quick: true }, true).unwrap_err();
+        assert!(error.to_string().contains("api/name-hash"), "{error}");
+    }
+
+    #[test]
+    fn unknown_options_are_refused() {
+        let error = cli(["--frobnicate".to_owned()].into_iter()).unwrap_err();
+        assert!(error.to_string().contains("--frobnicate"), "{error}");
+    }
 }

@@ -15,6 +15,7 @@ use agent_sandbox_api::runtime::v1::{self, DirectoryListing, FileEntry, FileType
 use agent_sandbox_api::{SandboxClaim, SandboxClaimSpec};
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
+use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt as _, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
@@ -24,9 +25,7 @@ use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::task::{JoinHandle, JoinSet};
 
-use super::boxed;
-use crate::error::Result;
-use crate::transport::{Body, BoxError};
+use crate::error::{Error, Result};
 
 /// A request the fake received.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,10 +51,22 @@ impl FakeRequest {
     }
 }
 
-/// The body type of scripted answers.
-pub type FakeBody = Body;
 /// The error type of [`FakeBody`] streams.
-pub type FakeBoxError = BoxError;
+pub type FakeBoxError = Box<dyn std::error::Error + Send + Sync>;
+/// The body type of scripted answers.
+pub type FakeBody = UnsyncBoxBody<Bytes, FakeBoxError>;
+
+/// Binds `127.0.0.1:0` for a fake router.
+async fn bind() -> Result<(TcpListener, SocketAddr)> {
+    let listener = TcpListener::bind(("127.0.0.1", 0))
+        .await
+        .map_err(Error::io("bind a fake router on", "127.0.0.1:0"))?;
+    let addr = listener.local_addr().map_err(Error::io(
+        "read the address of the fake router on",
+        "127.0.0.1:0",
+    ))?;
+    Ok((listener, addr))
+}
 
 type Respond = dyn Fn(&FakeRequest) -> Response<FakeBody> + Send + Sync;
 type RespondRaw = dyn Fn(&FakeRequest) -> Vec<u8> + Send + Sync;
@@ -87,12 +98,7 @@ impl FakeRouter {
     pub async fn start(
         respond: impl Fn(&FakeRequest) -> Response<FakeBody> + Send + Sync + 'static,
     ) -> Result<Self> {
-        let listener = TcpListener::bind(("127.0.0.1", 0))
-            .await
-            .map_err(boxed("bind the fake router"))?;
-        let addr = listener
-            .local_addr()
-            .map_err(boxed("read the fake router's address"))?;
+        let (listener, addr) = bind().await?;
         let requests: Arc<Mutex<Vec<FakeRequest>>> = Arc::default();
         let respond: Arc<Respond> = Arc::new(respond);
         let seen = requests.clone();
@@ -139,12 +145,7 @@ impl FakeRouter {
     pub async fn start_raw(
         respond: impl Fn(&FakeRequest) -> Vec<u8> + Send + Sync + 'static,
     ) -> Result<Self> {
-        let listener = TcpListener::bind(("127.0.0.1", 0))
-            .await
-            .map_err(boxed("bind the fake router"))?;
-        let addr = listener
-            .local_addr()
-            .map_err(boxed("read the fake router's address"))?;
+        let (listener, addr) = bind().await?;
         let requests: Arc<Mutex<Vec<FakeRequest>>> = Arc::default();
         let respond: Arc<RespondRaw> = Arc::new(respond);
         let seen = requests.clone();
@@ -286,9 +287,10 @@ pub async fn ready_claim(
             ..SandboxClaimSpec::default()
         },
     );
+    let target = format!("SandboxClaim {namespace}/{claim}");
     api.create(&PostParams::default(), &object)
         .await
-        .map_err(boxed("create the SandboxClaim"))?;
+        .map_err(Error::kube("create", &target))?;
     let status = json!({"status": {
         "sandbox": {"name": sandbox},
         "conditions": [{
@@ -298,6 +300,6 @@ pub async fn ready_claim(
     }});
     api.patch_status(claim, &PatchParams::default(), &Patch::Merge(&status))
         .await
-        .map_err(boxed("write the SandboxClaim status"))?;
+        .map_err(Error::kube("write the status of", &target))?;
     Ok(())
 }

@@ -1,0 +1,59 @@
+//! What the workspace's tests share (and the benchmarks, where it fits):
+//!
+//! - [`wait_for`] and [`Check`]: bounded polling whose [`Timeout`] says what was awaited and
+//!   what was last seen (no fixed sleeps as synchronisation);
+//! - [`Tool`] and [`missing`]: a test that needs `kubectl`, bubblewrap or `python3` and does
+//!   not find it says so and is counted as skipped, and fails instead under `CI=true`;
+//! - [`http`]: a small HTTP/1.1 client for probing servers (runtime, router, controller health,
+//!   the sim's metrics);
+//! - [`FakeRouter`] and [`ready_claim`]: a scripted, possibly hostile router behind a direct URL,
+//!   with no controller or runtime;
+//! - [`workspace_binary`], [`runtime_program`] and [`router_binary`]: the workspace's binaries,
+//!   built for the running test's target directory and profile;
+//! - [`kubeconfig_yaml`]: a kubeconfig for any `http://` API server URL (one nobody listens on,
+//!   for tests of unreachable clusters);
+//! - the fixture names: [`NAMESPACE`], [`TEMPLATE`], [`POOL`], [`GATEWAY`], [`ROUTER_POD`] (those
+//!   of a [`LocalCluster`](crate::LocalCluster) and of `deploy/sandboxes`).
+
+mod fake_router;
+pub mod http;
+mod tools;
+
+use std::path::PathBuf;
+
+pub use agent_sandbox_sim::kubeconfig_yaml;
+pub use agent_sandbox_sim::test_support::pod_visible_dir;
+pub use fake_router::{FakeBody, FakeBoxError, FakeRequest, FakeRouter, ready_claim};
+pub use tools::{ALLOW_MISSING_ENV, LEDGER, Tool, missing};
+
+pub use crate::defaults::{
+    DEFAULT_NAMESPACE as NAMESPACE, DEFAULT_POOL as POOL, DEFAULT_TEMPLATE as TEMPLATE, GATEWAY,
+    ROUTER_POD,
+};
+pub use crate::wait::{Check, Timeout, wait_for};
+
+use crate::config::RuntimeProgram;
+use crate::error::{Error, Result};
+
+/// Builds `bin` of workspace package `package` for the running test's target directory and
+/// profile (once per process; parallel tests wait for one build) and returns its path.
+pub fn workspace_binary(package: &str, bin: &str) -> Result<PathBuf> {
+    agent_sandbox_sim::test_support::workspace_binary(package, bin).map_err(|source| {
+        Error::Binary {
+            package: package.to_owned(),
+            bin: bin.to_owned(),
+            source: Box::new(source),
+        }
+    })
+}
+
+/// The `sandbox-runtime` binary of this workspace as a local cluster's runtime program (test
+/// binaries have no runtime subcommand of their own).
+pub fn runtime_program() -> Result<RuntimeProgram> {
+    workspace_binary("agent-sandbox-runtime", "sandbox-runtime").map(RuntimeProgram::Binary)
+}
+
+/// The `sandbox-router` binary of this workspace (for [`LocalConfig::router_pod`](crate::LocalConfig::router_pod)).
+pub fn router_binary() -> Result<PathBuf> {
+    workspace_binary("agent-sandbox-router", "sandbox-router")
+}

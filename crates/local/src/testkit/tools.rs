@@ -1,0 +1,154 @@
+//! Tools some tests need from the machine. A test asks [`missing`] first: when the tool is there
+//! the test runs; when it is not, the test is reported as skipped with the reason (on the real
+//! standard error, which the test harness does not capture, and in a ledger the run can count),
+//! unless the run is CI (`CI=true`), where a missing tool fails the test instead of letting it
+//! pass silently.
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+/// Names of tools (`kubectl,bwrap`) a CI run knowingly lacks: they skip even under `CI=true`.
+pub const ALLOW_MISSING_ENV: &str = "AGENT_SANDBOX_TESTS_ALLOW_MISSING";
+
+/// A program from the machine that a test needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tool {
+    /// `kubectl` (a client nobody here wrote; renders manifests and talks to the sim).
+    Kubectl,
+    /// bubblewrap (`bwrap`), able to create the namespaces of the sim's pod isolation.
+    Bubblewrap,
+    /// `python3` (the sandboxes of the local cluster run the host's tools).
+    Python3,
+}
+
+impl Tool {
+    /// The program's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Kubectl => "kubectl",
+            Self::Bubblewrap => "bwrap",
+            Self::Python3 => "python3",
+        }
+    }
+
+    /// How to get it.
+    fn install(self) -> &'static str {
+        match self {
+            Self::Kubectl => "apt-get install kubernetes-client (bash .ci/run installs it)",
+            Self::Bubblewrap => {
+                "apt-get install bubblewrap (bash .ci/run installs it); it also needs unprivileged \
+                 user namespaces"
+            }
+            Self::Python3 => "apt-get install python3 (bash .ci/run installs it)",
+        }
+    }
+
+    /// `None` when the tool works here, else why not.
+    pub fn unavailable(self) -> Option<String> {
+        let works = match self {
+            Self::Kubectl => runs("kubectl", &["version", "--client"]),
+            Self::Bubblewrap => agent_sandbox_sim::bwrap_available(),
+            Self::Python3 => runs("python3", &["--version"]),
+        };
+        (!works).then(|| match self {
+            Self::Bubblewrap => {
+                "bubblewrap (bwrap) is not installed or cannot create namespaces here".to_owned()
+            }
+            tool => format!("{} is not installed", tool.name()),
+        })
+    }
+}
+
+fn runs(program: &str, args: &[&str]) -> bool {
+    Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success())
+}
+
+/// Whether this run is CI: `CI` set to anything but empty, `0` or `false` (GitHub Actions and
+/// most CI systems set `CI=true`).
+fn is_ci() -> bool {
+    std::env::var("CI").is_ok_and(|value| !matches!(value.as_str(), "" | "0" | "false"))
+}
+
+fn allowed_missing(tool: Tool) -> bool {
+    std::env::var(ALLOW_MISSING_ENV)
+        .is_ok_and(|list| list.split(',').any(|name| name.trim() == tool.name()))
+}
+
+/// Where skips are recorded: `skipped-tests.txt` in the target directory of the running test
+/// binary (`<target>/<profile>/deps/<test>`), one line per skipped test, so that a run can
+/// count them (`.ci/run` prints them).
+fn ledger() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let deps = exe.parent().filter(|dir| dir.ends_with("deps"))?;
+    Some(deps.parent()?.parent()?.join(LEDGER))
+}
+
+/// File name of the skip ledger in the target directory.
+pub const LEDGER: &str = "skipped-tests.txt";
+
+/// `true` when the calling test must stop because `tool` is missing (it has then been reported
+/// as skipped), `false` when the tool works. Under `CI=true` a missing tool fails the test (a
+/// panic naming the tool and how to install it), unless [`ALLOW_MISSING_ENV`] names it.
+///
+/// ```no_run
+/// # use agent_sandbox_local::testkit::{Tool, missing};
+/// if missing(Tool::Kubectl) {
+///     return;
+/// }
+/// ```
+pub fn missing(tool: Tool) -> bool {
+    let Some(reason) = tool.unavailable() else {
+        return false;
+    };
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("<unnamed test>")
+        .to_owned();
+    if is_ci() && !allowed_missing(tool) {
+        // The test kit's way of failing a test, as an assertion would: CI must not pass a test
+        // that did not run.
+        #[allow(clippy::panic)]
+        {
+            panic!(
+                "{test} needs {}: {reason}; install it: {} (or set {ALLOW_MISSING_ENV}={} to skip \
+                 knowingly)",
+                tool.name(),
+                tool.install(),
+                tool.name()
+            );
+        }
+    }
+    let line = format!("SKIPPED {test}: {reason}; install it: {}", tool.install());
+    // Straight to the process's standard error: the test harness captures `eprintln!`, which
+    // would hide the skip unless the test failed.
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
+    if let Some(path) = ledger()
+        && let Ok(mut file) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+    {
+        let _ = writeln!(file, "{line}");
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tool_that_works_is_not_missing() {
+        // `sh` exists on every machine that runs these tests; the probe is the same.
+        assert!(runs("sh", &["-c", "exit 0"]));
+        assert!(!runs("sh", &["-c", "exit 3"]));
+        assert!(!runs("/nonexistent/tool", &[]));
+    }
+}
