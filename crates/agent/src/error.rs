@@ -89,7 +89,7 @@ pub enum Error {
     Connect {
         /// Why.
         #[source]
-        source: Box<agent_sandbox_cli::Error>,
+        source: Box<agent_sandbox::Error>,
     },
     /// The API key cannot be sent as a header.
     #[error(
