@@ -370,7 +370,12 @@ impl LocalCluster {
         ttl: Duration,
     ) -> Result<Option<String>> {
         if let Some(key) = self.signing_key() {
-            return crate::token::mint(key, namespace, sandbox, ttl).map(Some);
+            return agent_sandbox::mint_token(key, namespace, sandbox, ttl)
+                .map(Some)
+                .map_err(|source| Error::Sdk {
+                    action: format!("mint a router token for sandbox {namespace}/{sandbox}"),
+                    source: Box::new(source),
+                });
         }
         Ok(self.router_token())
     }
