@@ -311,6 +311,16 @@ pub(crate) async fn wait_ready(
     }
 }
 
+/// The claim's expiry, `spec.lifecycle.shutdownTime` (sans IO).
+pub(crate) fn shutdown_time(claim: &SandboxClaim) -> Option<Timestamp> {
+    claim
+        .spec
+        .lifecycle
+        .as_ref()
+        .and_then(|l| l.shutdown_time.as_ref())
+        .map(|t| t.0)
+}
+
 /// The pods of Sandboxes by `(namespace, name)`: the `agents.x-k8s.io/pod-name` annotation, else
 /// the Sandbox's own name (sans IO).
 fn pods_of(sandboxes: &[SandboxObject]) -> BTreeMap<(String, String), String> {
@@ -351,12 +361,7 @@ pub(crate) fn claim_info(
         ready_status: ready.map(|c| c.status.clone()),
         reason: ready.map(|c| c.reason.clone()),
         message: ready.map(|c| c.message.clone()),
-        shutdown_time: claim
-            .spec
-            .lifecycle
-            .as_ref()
-            .and_then(|l| l.shutdown_time.as_ref())
-            .map(|t| t.0),
+        shutdown_time: shutdown_time(claim),
         created: claim.metadata.creation_timestamp.as_ref().map(|t| t.0),
         created_by: claim.labels().get(labels::CREATED_BY).cloned(),
     }

@@ -267,12 +267,7 @@ impl Client {
             sandbox: sandbox_name,
             pod: pod_name,
             pod_ip,
-            shutdown_time: claim
-                .spec
-                .lifecycle
-                .as_ref()
-                .and_then(|l| l.shutdown_time.as_ref())
-                .map(|t| t.0),
+            shutdown_time: claims::shutdown_time(&claim),
         };
         let sandbox = Sandbox::new(
             identity,

@@ -8,8 +8,11 @@ use kube::{Api, ResourceExt as _};
 use crate::error::{Error, Result};
 
 /// A warm pool as [`Client::warm_pools`](crate::Client::warm_pools) reports it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
+///
+/// Plain data, serialised with camelCase keys (`sandboxctl pools -o json` prints it as it is);
+/// every field is public, so it can be built too (tests of code that shows pools).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct WarmPoolInfo {
     /// Namespace.
     pub namespace: String,
