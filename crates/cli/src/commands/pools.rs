@@ -1,48 +1,16 @@
 //! Commands about warm pools: `pools`, and the check that the pool a claim asks for exists
-//! (with the pools that do in its error), through the SDK's [`Client`]. The rows are built by
-//! pure functions ([`pool_rows`], [`pools_table`]) so that the table is snapshot-tested without
-//! a cluster.
+//! (with the pools that do in its error), through the SDK's [`Client`]. The table is drawn by a
+//! pure function ([`pools_table`]) so that it is snapshot-tested without a cluster.
 
 use agent_sandbox::{Client, WarmPoolInfo};
-use serde::Serialize;
 
 use super::{print, render, sdk};
 use crate::cli::PoolsArgs;
 use crate::error::{Error, Result};
 use crate::output::{self, Format};
 
-/// One line of `sandboxctl pools`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PoolRow {
-    /// Namespace.
-    pub namespace: String,
-    /// Name.
-    pub name: String,
-    /// Template it stamps.
-    pub template: String,
-    /// Desired warm sandboxes.
-    pub desired: i32,
-    /// Warm sandboxes that exist.
-    pub current: i32,
-    /// Warm sandboxes that are Ready.
-    pub ready: i32,
-}
-
-/// Rows for `pools`.
-pub fn pool_rows(pools: &[WarmPoolInfo]) -> Vec<PoolRow> {
-    pools
-        .iter()
-        .map(|p| PoolRow {
-            namespace: p.namespace.clone(),
-            name: p.name.clone(),
-            template: p.template.clone(),
-            desired: p.desired,
-            current: p.current,
-            ready: p.ready,
-        })
-        .collect()
-}
+/// One line of `sandboxctl pools` (also its JSON and YAML): the SDK's pool, as it is.
+pub type PoolRow = WarmPoolInfo;
 
 /// The `pools` table.
 pub fn pools_table(rows: &[PoolRow], with_namespace: bool) -> String {
@@ -98,9 +66,9 @@ pub async fn pools(client: &Client, args: PoolsArgs) -> Result<i32> {
     } else {
         (client.warm_pools().await, client.namespace())
     };
-    let mut pools = listed.map_err(sdk(format!("list the warm pools in namespace {ns}")))?;
-    pools.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
-    let rows = pool_rows(&pools);
+    let mut rows: Vec<PoolRow> =
+        listed.map_err(sdk(format!("list the warm pools in namespace {ns}")))?;
+    rows.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     if rows.is_empty() && args.output == Format::Table {
         eprintln!("No warm pools in namespace {ns}.");
         return Ok(0);

@@ -8,8 +8,7 @@ use std::time::{Duration, Instant};
 
 use agent_sandbox::args::ConnectArgs;
 use agent_sandbox::{
-    Client, ClientOptions, ConnectionMode, CreateOptions, ExecCommand, ExecEvent, ExecOptions,
-    FileType, Progress, Sandbox,
+    Client, CreateOptions, ExecCommand, ExecEvent, ExecOptions, FileType, Progress, Sandbox,
 };
 use serde::Serialize;
 use tokio::io::AsyncWriteExt as _;
@@ -290,16 +289,13 @@ pub async fn run_local(global: &ConnectArgs, args: RunArgs) -> Result<i32> {
         "sandboxctl: local cluster up with a warm sandbox in {}",
         millis(started.elapsed())
     );
-    let namespace = global
-        .namespace
-        .clone()
-        .unwrap_or_else(|| crate::local::DEFAULT_NAMESPACE.to_owned());
-    let mut options = ClientOptions::default()
-        .namespace(namespace)
-        .connection(ConnectionMode::direct(local.router_url()));
-    if let Some(token) = local.router_token() {
-        options = options.router_token(token);
-    }
+    let mut global = global.clone();
+    global.router_url = Some(local.router_url().to_owned());
+    global.router_token = local.router_token();
+    global.signing_key_file = None;
+    let options = global
+        .client_options(crate::local::DEFAULT_NAMESPACE)
+        .map_err(Error::connect)?;
     let client = Client::from_kube(local.client(), options);
     let code = claim_run_delete(&client, &args).await;
     local.stop().await;
