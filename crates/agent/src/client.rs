@@ -12,7 +12,7 @@ use reqwest::header::{HeaderMap, HeaderValue};
 
 use crate::error::{Error, Result};
 use crate::messages::{ErrorBody, MessagesRequest, MessagesResponse};
-use crate::retry::{self, RetryPolicy};
+use crate::retry::{self, Backoff};
 use crate::stream::{Accumulator, SseParser, StreamError};
 
 /// Environment variable holding the API key.
@@ -68,8 +68,8 @@ pub struct MessagesConfig {
     pub model: String,
     /// Response token cap.
     pub max_tokens: u32,
-    /// Retries.
-    pub retry: RetryPolicy,
+    /// How many retries after the first attempt, and the waits between them.
+    pub retry: Backoff,
     /// Deadline of one attempt.
     pub request_timeout: Duration,
     /// Use server-sent events (the answer is assembled before it is returned).
@@ -84,7 +84,7 @@ impl MessagesConfig {
             base_url: DEFAULT_BASE_URL.to_owned(),
             model: DEFAULT_MODEL.to_owned(),
             max_tokens: DEFAULT_MAX_TOKENS,
-            retry: RetryPolicy::default(),
+            retry: Backoff::default(),
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             stream: false,
         }

@@ -85,13 +85,11 @@ pub enum Error {
         source: Box<agent_sandbox_local::Error>,
     },
     /// The cluster could not be reached as the connection flags say.
-    #[error("failed to connect to the cluster: failed to {action}")]
+    #[error("failed to connect to the cluster")]
     Connect {
-        /// What failed (`load the kubeconfig /path`, `read the router signing key /path`).
-        action: String,
         /// Why.
         #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
+        source: Box<agent_sandbox::Error>,
     },
     /// The API key cannot be sent as a header.
     #[error(

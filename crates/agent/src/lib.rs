@@ -20,7 +20,6 @@
 
 pub mod agent;
 pub mod client;
-pub mod connect;
 mod error;
 #[cfg(feature = "fake")]
 pub mod fake;

@@ -6,15 +6,15 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
+use agent_sandbox::args::ConnectArgs;
 use agent_sandbox_agent::agent::{LoopConfig, StderrReporter, Stop};
 use agent_sandbox_agent::client::{
     DEFAULT_BASE_URL, DEFAULT_MAX_TOKENS, DEFAULT_MODEL, ENV_API_KEY, ENV_BASE_URL,
 };
-use agent_sandbox_agent::connect::ConnectArgs;
-use agent_sandbox_agent::retry::RetryPolicy;
+use agent_sandbox_agent::retry::Backoff;
 use agent_sandbox_agent::session::{self, SessionOptions};
 use agent_sandbox_agent::tools::{ToolLimits, error_chain};
-use agent_sandbox_agent::{ApiKey, MessagesClient, MessagesConfig};
+use agent_sandbox_agent::{ApiKey, Error, MessagesClient, MessagesConfig};
 use agent_sandbox_local::{DEFAULT_POOL, LocalConfig};
 use anyhow::{Context as _, bail};
 use clap::Parser;
@@ -85,9 +85,9 @@ struct Args {
     /// Timeout of a command when the model names none.
     #[arg(long, default_value = "2m", value_parser = parse_duration, value_name = "DURATION")]
     command_timeout: Duration,
-    /// Connection to the cluster and the router (as sandboxctl).
+    /// Connection to the cluster and the router (the SDK's flags, as sandboxctl's).
     #[command(flatten)]
-    connect: ConnectArgs,
+    global: ConnectArgs,
 }
 
 fn main() -> ExitCode {
@@ -139,9 +139,9 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
     config.model = args.model;
     config.max_tokens = args.max_tokens;
     config.stream = args.stream;
-    config.retry = RetryPolicy {
+    config.retry = Backoff {
         max_retries: args.max_retries,
-        ..RetryPolicy::default()
+        ..Backoff::default()
     };
     let model = MessagesClient::new(config)?;
     let options = SessionOptions {
@@ -174,7 +174,13 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
         local = Some(started);
         client
     } else {
-        args.connect.client().await?
+        // Scoped routers (a signing key): a token per request for the session's own sandbox.
+        args.global
+            .connect()
+            .await
+            .map_err(|source| Error::Connect {
+                source: Box::new(source),
+            })?
     };
     let _cleanup = client.enable_auto_cleanup()?;
     let outcome = session::run(&client, &model, &prompt, &options, &StderrReporter).await;

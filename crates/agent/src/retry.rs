@@ -6,9 +6,11 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 
-/// How often and how patiently to retry.
+/// How often and how patiently the Messages API client retries: it counts *retries*, the
+/// attempts after the first (unlike the SDK's `agent_sandbox::RetryPolicy`, which counts all
+/// attempts), and backs off between them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RetryPolicy {
+pub struct Backoff {
     /// Retries after the first attempt (0: never retry).
     pub max_retries: u32,
     /// Backoff before the first retry when the server names no delay.
@@ -17,7 +19,7 @@ pub struct RetryPolicy {
     pub max_backoff: Duration,
 }
 
-impl Default for RetryPolicy {
+impl Default for Backoff {
     fn default() -> Self {
         Self {
             max_retries: 4,
@@ -63,12 +65,7 @@ pub fn server_delay(
 /// The wait before retry number `retry` (1-based): the server's delay when given (capped),
 /// else `initial * 2^(retry-1)` capped, scaled by `jitter` in `[0.5, 1.0]` so that many agents
 /// hitting the same limit do not come back in lockstep.
-pub fn backoff(
-    policy: &RetryPolicy,
-    retry: u32,
-    server: Option<Duration>,
-    jitter: f64,
-) -> Duration {
+pub fn backoff(policy: &Backoff, retry: u32, server: Option<Duration>, jitter: f64) -> Duration {
     if let Some(delay) = server {
         return delay.min(policy.max_backoff);
     }
@@ -129,7 +126,7 @@ mod tests {
 
     #[test]
     fn backoff_grows_is_capped_and_prefers_the_server() {
-        let policy = RetryPolicy {
+        let policy = Backoff {
             max_retries: 10,
             initial_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(1),

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use agent_sandbox_agent::fake::{FakeApi, Reply};
 use agent_sandbox_agent::messages::{Message, MessagesRequest, StopReason};
-use agent_sandbox_agent::retry::RetryPolicy;
+use agent_sandbox_agent::retry::Backoff;
 use agent_sandbox_agent::{ApiKey, Error, MessagesClient, MessagesConfig};
 use pretty_assertions::assert_eq;
 use serde_json::json;
@@ -17,7 +17,7 @@ fn client(api: &FakeApi, max_retries: u32) -> MessagesClient {
     config.base_url = api.url();
     config.model = "claude-test".to_owned();
     config.max_tokens = 1234;
-    config.retry = RetryPolicy {
+    config.retry = Backoff {
         max_retries,
         initial_backoff: Duration::from_millis(10),
         max_backoff: Duration::from_millis(50),
@@ -129,7 +129,7 @@ async fn unreachable_api_is_a_transport_error_without_secrets() {
     drop(listener);
     let mut config = MessagesConfig::new(ApiKey::new(KEY));
     config.base_url = format!("http://user:pw@{addr}");
-    config.retry = RetryPolicy {
+    config.retry = Backoff {
         max_retries: 1,
         initial_backoff: Duration::from_millis(5),
         max_backoff: Duration::from_millis(5),

@@ -12,7 +12,7 @@ use agent_sandbox_agent::agent::{LoopConfig, Reporter, Stop};
 use agent_sandbox_agent::fake::{
     ANSWER, FIB, FIB_OUTPUT, FakeApi, Recorded, Reply, seed_conversation,
 };
-use agent_sandbox_agent::retry::RetryPolicy;
+use agent_sandbox_agent::retry::Backoff;
 use agent_sandbox_agent::session::{self, SessionOptions};
 use agent_sandbox_agent::{ApiKey, MessagesClient, MessagesConfig};
 use agent_sandbox_api::SandboxClaim;
@@ -50,7 +50,7 @@ impl Lines {
 fn model(api: &FakeApi) -> MessagesClient {
     let mut config = MessagesConfig::new(ApiKey::new("sk-ant-test"));
     config.base_url = api.url();
-    config.retry = RetryPolicy {
+    config.retry = Backoff {
         max_retries: 3,
         initial_backoff: Duration::from_millis(20),
         max_backoff: Duration::from_millis(200),

@@ -4,21 +4,18 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use agent_sandbox::args::ConnectArgs;
 use agent_sandbox_local::Isolation;
 use clap::{Args, Parser, Subcommand};
 
 use crate::output::Format;
 
+// The environment variables of the connection flags, as the SDK's flags define them.
+pub use agent_sandbox::args::{ENV_ROUTER_TOKEN, ENV_ROUTER_URL, ENV_SIGNING_KEY_FILE};
+
 /// Lifetime of a claim made by `claim` and `run` unless `--ttl` says otherwise, so that a
 /// client killed before it deletes its claim leaves nothing for ever.
 pub const DEFAULT_CLAIM_TTL: &str = "1h";
-
-/// Environment variable holding the router URL (`--router-url`).
-pub const ENV_ROUTER_URL: &str = "SANDBOX_ROUTER_URL";
-/// Environment variable holding a router bearer token (`--router-token`).
-pub const ENV_ROUTER_TOKEN: &str = "SANDBOX_ROUTER_TOKEN";
-/// Environment variable naming the router's signing key file (`--signing-key-file`).
-pub const ENV_SIGNING_KEY_FILE: &str = "SANDBOX_ROUTER_SIGNING_KEY_FILE";
 
 /// The longest duration any flag takes: [`agent_sandbox::MAX_TTL`], 10 years. A claim or token
 /// can not outlive it, and no deadline arithmetic can overflow below it.
@@ -57,12 +54,6 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(seconds).map_err(|_| format!("invalid duration {text:?}"))
 }
 
-/// A path flag that may come from an environment variable: an empty value parses (as an empty
-/// path, which [`GlobalArgs::without_empty`] turns into "unset").
-fn path_or_empty(text: &str) -> Result<PathBuf, String> {
-    Ok(PathBuf::from(text))
-}
-
 /// Sandboxes for AI-agent code: a local cluster with no Docker, one-shot runs, and day-to-day
 /// work with claims on any cluster.
 #[derive(Debug, Parser)]
@@ -79,62 +70,12 @@ fn path_or_empty(text: &str) -> Result<PathBuf, String> {
 Also works as the kubectl plugin `kubectl sandbox` (install the binary as kubectl-sandbox)."
 )]
 pub struct Cli {
-    /// Connection to the cluster and the router.
+    /// Connection to the cluster and the router (the SDK's flags, shared with `sandbox-agent`).
     #[command(flatten)]
-    pub global: GlobalArgs,
+    pub global: ConnectArgs,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
-}
-
-/// Flags every command accepts.
-#[derive(Clone, Debug, Args)]
-#[command(next_help_heading = "Cluster and router (every command)")]
-pub struct GlobalArgs {
-    /// Kubeconfig file (default: $KUBECONFIG, then ~/.kube/config, then in-cluster).
-    #[arg(
-        long,
-        global = true,
-        env = "KUBECONFIG",
-        value_name = "PATH",
-        hide_env_values = true,
-        value_parser = path_or_empty
-    )]
-    pub kubeconfig: Option<PathBuf>,
-    /// Kubeconfig context (default: the current context).
-    #[arg(long, global = true, value_name = "NAME")]
-    pub context: Option<String>,
-    /// Namespace of claims and pools (default: the context's namespace, else `default`).
-    #[arg(short = 'n', long, global = true, value_name = "NS")]
-    pub namespace: Option<String>,
-    /// Namespace holding the router Service `sandbox-router-svc` (reached by port-forward).
-    #[arg(long, global = true, value_name = "NS", default_value = agent_sandbox_api::wire::SYSTEM_NAMESPACE)]
-    pub router_namespace: String,
-    /// Router URL to use directly instead of a port-forward (e.g. `http://127.0.0.1:8080`).
-    #[arg(long, global = true, env = ENV_ROUTER_URL, value_name = "URL", hide_env_values = true)]
-    pub router_url: Option<String>,
-    /// Bearer token for the router (a static token, or a scoped token for one sandbox).
-    #[arg(long, global = true, env = ENV_ROUTER_TOKEN, value_name = "TOKEN", hide_env_values = true)]
-    pub router_token: Option<String>,
-    /// Router signing key: mint a scoped token per sandbox automatically (`sandboxctl dev`
-    /// prints it).
-    #[arg(long, global = true, env = ENV_SIGNING_KEY_FILE, value_name = "PATH", hide_env_values = true, value_parser = path_or_empty)]
-    pub signing_key_file: Option<PathBuf>,
-}
-
-impl GlobalArgs {
-    /// The flags with empty values (`SANDBOX_ROUTER_URL=` in the environment, `--router-url ''`)
-    /// as unset, as shells and CI systems mean them.
-    #[must_use]
-    pub fn without_empty(mut self) -> Self {
-        self.kubeconfig = self.kubeconfig.filter(|p| !p.as_os_str().is_empty());
-        self.context = self.context.filter(|c| !c.is_empty());
-        self.namespace = self.namespace.filter(|n| !n.is_empty());
-        self.router_url = self.router_url.filter(|u| !u.trim().is_empty());
-        self.router_token = self.router_token.filter(|t| !t.is_empty());
-        self.signing_key_file = self.signing_key_file.filter(|p| !p.as_os_str().is_empty());
-        self
-    }
 }
 
 /// A subcommand.

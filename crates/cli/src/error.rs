@@ -39,16 +39,6 @@ pub enum Error {
         /// Cause (boxed: kube's error is large, and errors travel through every call).
         source: Box<kube::Error>,
     },
-    /// A scoped router token could not be minted.
-    #[error("failed to mint a router token for sandbox {namespace}/{sandbox}: {source}")]
-    Token {
-        /// Namespace.
-        namespace: String,
-        /// Sandbox.
-        sandbox: String,
-        /// Cause.
-        source: agent_sandbox_api::token::TokenError,
-    },
     /// No cluster configuration was found.
     #[error(
         "no cluster to talk to: {source}\n  fix: pass --kubeconfig PATH (or set KUBECONFIG), or use a local cluster: `sandboxctl run --local -- CMD` or `sandboxctl dev`"
@@ -190,6 +180,35 @@ pub enum Error {
 }
 
 impl Error {
+    /// The error of connecting to the cluster as the flags say: a kubeconfig that cannot be
+    /// used, none at all, or no client from it, each with its fix.
+    pub fn connect(source: agent_sandbox::Error) -> Self {
+        match source {
+            agent_sandbox::Error::KubeconfigFile { path, source } => Self::Kubeconfig {
+                path: PathBuf::from(path),
+                source,
+            },
+            agent_sandbox::Error::NoKubeconfig(source) => Self::NoCluster { source },
+            agent_sandbox::Error::KubeClient(source) => Self::Client {
+                source: Box::new(source),
+            },
+            // The signing key file of `--signing-key-file`.
+            agent_sandbox::Error::LocalIo {
+                operation,
+                path,
+                source,
+            } => Self::File {
+                action: operation,
+                path: PathBuf::from(path),
+                source,
+            },
+            other => Self::Sdk {
+                action: "connect to the cluster".to_owned(),
+                source: Box::new(other),
+            },
+        }
+    }
+
     /// Turns a failure to reach the API server or the router, wherever it happened (a kube
     /// call, an SDK operation after its retries), into the one-line error that names the
     /// endpoint and the flag that decides it. Other errors are returned as they are.
@@ -214,6 +233,16 @@ pub enum RouterHint {
 }
 
 impl RouterHint {
+    /// The hint for a client that reaches the router through `connection`.
+    pub fn of(connection: &agent_sandbox::ConnectionMode) -> Self {
+        match connection {
+            agent_sandbox::ConnectionMode::PortForward { router_namespace } => {
+                Self::PortForward(router_namespace.clone())
+            }
+            _ => Self::Url,
+        }
+    }
+
     fn text(&self) -> String {
         match self {
             Self::Url => "check --router-url / SANDBOX_ROUTER_URL".to_owned(),

@@ -2,21 +2,19 @@
 //! `agent_sandbox_local`'s, whose pods run this binary's hidden runtime subcommand.
 //!
 //! - [`cli`]: the flags and subcommands (clap); [`run`] executes a parsed [`cli::Cli`].
-//! - [`commands`]: one function per subcommand. Claims, commands and files go through the SDK
-//!   (`agent_sandbox`); pools, logs and listings read the API directly.
-//! - [`context`]: which cluster, namespace and router a command talks to.
-//! - [`output`] (tables, JSON, YAML), [`spinner`] (progress on a terminal), [`token`] (scoped
-//!   router tokens).
+//! - [`commands`]: one function per subcommand, each working through one SDK client
+//!   (`agent_sandbox::Client`, built once from the connection flags, the SDK's
+//!   `agent_sandbox::args::ConnectArgs`): claims, pools, logs, tokens, commands and files all go
+//!   through the SDK; the CLI adds the flags, the output and the errors that say how to fix them.
+//! - [`output`] (tables, JSON, YAML), [`spinner`] (progress on a terminal).
 //!
 //! Usage and a session transcript: `docs/cli.md`.
 
 pub mod cli;
 pub mod commands;
-pub mod context;
 pub mod error;
 pub mod output;
 pub mod spinner;
-pub mod token;
 
 pub use error::{Error, Result};
 

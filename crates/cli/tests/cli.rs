@@ -679,3 +679,43 @@ async fn dev_serves_until_ctrl_c_and_completion_prints_a_script() {
         "{script}"
     );
 }
+
+#[tokio::test]
+async fn a_scoped_router_is_reached_with_the_signing_key_alone() {
+    use agent_sandbox_local::RouterAuth;
+    let config = LocalConfig {
+        runtime: RuntimeProgram::Subcommand(PathBuf::from(BIN)),
+        pool_replicas: 1,
+        router_auth: RouterAuth::Scoped,
+        ..LocalConfig::default()
+    };
+    let cluster = LocalCluster::start(config).await.unwrap();
+    cluster.wait_for_pool(1, WAIT, |_, _| {}).await.unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let key = cluster.secret_path().unwrap().to_owned();
+    // No router token: the key mints one per request, for the request's own sandbox.
+    let scoped = || {
+        let mut command = ctl(&cluster, home.path());
+        command.env("SANDBOX_ROUTER_SIGNING_KEY_FILE", &key);
+        command
+    };
+    let mut command = scoped();
+    command.args(["claim", "--pool", POOL]);
+    let claim = ok(&output(command).await).trim().to_owned();
+    let mut command = scoped();
+    command.args(["exec", &claim, "--", "echo scoped"]);
+    assert_eq!(ok(&output(command).await), "scoped\n");
+    let mut command = scoped();
+    command.args(["ls", &claim]);
+    ok(&output(command).await);
+    // Without the key the router refuses.
+    let mut command = ctl(&cluster, home.path());
+    command.args(["exec", &claim, "--", "true"]);
+    let out = output(command).await;
+    assert!(!out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("401"), "{}", text(&out.stderr));
+    let mut command = scoped();
+    command.args(["delete", &claim]);
+    ok(&output(command).await);
+    cluster.stop().await;
+}

@@ -5,7 +5,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use agent_sandbox_cli::cli::Cli;
-use agent_sandbox_cli::commands::cluster::{ClaimRow, PoolRow, claims_table, pools_table};
+use agent_sandbox_cli::commands::claims::{ClaimRow, claims_table};
+use agent_sandbox_cli::commands::pools::{PoolRow, pools_table};
 use agent_sandbox_cli::commands::sandbox::entries_table;
 use clap::CommandFactory as _;
 

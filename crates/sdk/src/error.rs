@@ -16,6 +16,24 @@ pub enum Error {
     #[error("failed to load a Kubernetes configuration (kubeconfig or in-cluster)")]
     KubeConfig(#[source] kube::Error),
 
+    /// The kubeconfig file(s) given could not be read or used (or the context is not in them).
+    #[error("failed to load the kubeconfig {path}")]
+    KubeconfigFile {
+        /// The file, or the `:`-separated files.
+        path: String,
+        /// Why.
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+
+    /// No kubeconfig was given and none was found (`KUBECONFIG`, `~/.kube/config`, in-cluster).
+    #[error("found no Kubernetes configuration (KUBECONFIG, ~/.kube/config or in-cluster)")]
+    NoKubeconfig(#[source] kube::config::InferConfigError),
+
+    /// A Kubernetes client could not be built from a loaded configuration.
+    #[error("failed to build a Kubernetes client")]
+    KubeClient(#[source] kube::Error),
+
     /// A Kubernetes API call failed.
     #[error("failed to {operation} {object}")]
     Kube {
@@ -94,6 +112,16 @@ pub enum Error {
     /// The claim, or its sandbox, is gone.
     #[error("SandboxClaim {namespace}/{claim} not found (deleted or expired)")]
     ClaimNotFound {
+        /// Namespace of the claim.
+        namespace: String,
+        /// The claim.
+        claim: String,
+    },
+
+    /// The claim has no sandbox yet (it is not Ready): nothing to attach to, mint a token for or
+    /// read the log of.
+    #[error("SandboxClaim {namespace}/{claim} has no sandbox yet (not Ready)")]
+    ClaimNotReady {
         /// Namespace of the claim.
         namespace: String,
         /// The claim.
@@ -331,6 +359,18 @@ pub enum Error {
         /// The path.
         path: String,
         /// The IO error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A followed pod log broke off.
+    #[error("failed to read the log of Pod {namespace}/{pod}")]
+    Logs {
+        /// Namespace of the pod.
+        namespace: String,
+        /// The pod.
+        pod: String,
+        /// Why.
         #[source]
         source: std::io::Error,
     },

@@ -15,7 +15,6 @@ use tokio::io::{AsyncRead, ReadBuf};
 use tokio_util::io::StreamReader;
 
 use crate::error::{Error, Result};
-use crate::sandbox::Sandbox;
 
 /// Longest NDJSON line accepted (a chunk is at most 32 KiB of output, base64 or escaped).
 const MAX_LINE: usize = 1024 * 1024;
@@ -218,11 +217,16 @@ async fn next_line(state: &mut LineState) -> Option<Result<ExecEvent>> {
     }
 }
 
+/// Opens a process's output stream from an offset, following it (the sandbox's side of an
+/// [`OutputFollower`]).
+pub(crate) type Reopen =
+    Box<dyn Fn(u64) -> futures_util::future::BoxFuture<'static, Result<ExecStream>> + Send + Sync>;
+
 /// Follows a background process's output until it exits, reconnecting from the last byte
-/// seen after a broken connection. From [`Sandbox::follow_output`].
-#[derive(Debug)]
+/// seen after a broken connection. From [`Sandbox::follow_output`](crate::Sandbox::follow_output).
 pub struct OutputFollower {
-    sandbox: Sandbox,
+    reopen: Reopen,
+    sandbox: String,
     id: String,
     offset: u64,
     current: Option<ExecStream>,
@@ -233,9 +237,23 @@ pub struct OutputFollower {
 /// Reconnections in a row before [`OutputFollower`] gives up.
 const MAX_RECONNECTS: u32 = 5;
 
+impl std::fmt::Debug for OutputFollower {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OutputFollower")
+            .field("sandbox", &self.sandbox)
+            .field("id", &self.id)
+            .field("offset", &self.offset)
+            .field("failures", &self.failures)
+            .field("finished", &self.finished)
+            .finish_non_exhaustive()
+    }
+}
+
 impl OutputFollower {
-    pub(crate) fn new(sandbox: Sandbox, id: String, offset: u64) -> Self {
+    /// Follows process `id` of `sandbox` from `offset`, opening each stream with `reopen`.
+    pub(crate) fn new(sandbox: String, id: String, offset: u64, reopen: Reopen) -> Self {
         Self {
+            reopen,
             sandbox,
             id,
             offset,
@@ -258,11 +276,7 @@ impl OutputFollower {
             }
             let stream = match self.current.as_mut() {
                 Some(stream) => stream,
-                None => match self
-                    .sandbox
-                    .output_stream(&self.id, self.offset, true)
-                    .await
-                {
+                None => match (self.reopen)(self.offset).await {
                     Ok(stream) => self.current.insert(stream),
                     Err(error) => {
                         if let Some(result) = self.failed(error).await {
@@ -297,7 +311,7 @@ impl OutputFollower {
                     self.current = None;
                     let error = Error::Transport {
                         operation: format!("follow output of process {}", self.id),
-                        sandbox: self.sandbox.sandbox_name().to_owned(),
+                        sandbox: self.sandbox.clone(),
                         message: "the stream ended before the process exited".to_owned(),
                         source: None,
                     };

@@ -91,8 +91,8 @@ impl FakeSandbox {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Scripts the result of `command` (queued: repeated calls take the next; the last one
-    /// repeats).
+    /// Scripts the result of `command`, a command as one line (as [`FakeSandbox::commands`]
+    /// records it), queued: repeated calls take the next; the last one repeats.
     #[must_use]
     pub fn with_result(self, command: impl Into<String>, result: ExecutionResult) -> Self {
         self.state()
@@ -117,7 +117,10 @@ impl FakeSandbox {
         self
     }
 
-    /// The commands run so far, in order.
+    /// The commands run so far, in order, each as one line ([`ExecCommand::to_line`]: an
+    /// argv's words quoted and joined).
+    ///
+    /// [`ExecCommand::to_line`]: crate::ExecCommand::to_line
     pub fn commands(&self) -> Vec<String> {
         self.state().commands.clone()
     }
@@ -209,8 +212,9 @@ impl SandboxHandle for FakeSandbox {
     async fn run_with(&self, options: ExecOptions) -> Result<ExecutionResult> {
         self.check()?;
         let mut state = self.state();
-        state.commands.push(options.command.clone());
-        if let Some(queue) = state.scripted.get_mut(&options.command) {
+        let command = options.command.to_line();
+        state.commands.push(command.clone());
+        if let Some(queue) = state.scripted.get_mut(&command) {
             let result = if queue.len() > 1 {
                 queue.pop_front()
             } else {
@@ -220,9 +224,7 @@ impl SandboxHandle for FakeSandbox {
                 return Ok(result);
             }
         }
-        state.default.clone().ok_or(Error::Unscripted {
-            command: options.command,
-        })
+        state.default.clone().ok_or(Error::Unscripted { command })
     }
     async fn write(&self, path: &str, data: Bytes) -> Result<()> {
         self.check()?;

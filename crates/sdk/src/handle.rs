@@ -1,5 +1,5 @@
 //! [`SandboxHandle`]: the handle's operations as a trait, so agent code can be written against
-//! it and unit-tested with [`FakeSandbox`](crate::fake::FakeSandbox) (feature `fake`).
+//! it and unit-tested with `fake::FakeSandbox` (feature `fake`).
 
 use std::future::Future;
 use std::time::Duration;
@@ -14,9 +14,13 @@ use crate::sandbox::{ExecutionResult, Sandbox};
 
 /// What code that uses a sandbox needs: commands, files, identity and lifecycle.
 ///
-/// Implemented by [`Sandbox`] and, with feature `fake`, by
-/// [`FakeSandbox`](crate::fake::FakeSandbox). The futures are `Send`, so implementations can be
-/// used from spawned tasks.
+/// Implemented by [`Sandbox`] and, with feature `fake`, by `fake::FakeSandbox`. The futures are
+/// `Send`, so implementations can be used from spawned tasks.
+// The link to the fake resolves only where the feature compiles the module in.
+#[cfg_attr(
+    feature = "fake",
+    doc = "\nSee [`FakeSandbox`](crate::fake::FakeSandbox)."
+)]
 ///
 /// ```no_run
 /// use agent_sandbox::SandboxHandle;

@@ -10,6 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agent_sandbox_api::wire;
+use jiff::Timestamp;
+
+use crate::error::{Error, Result};
 
 /// How the SDK reaches the router (and through it, the sandboxes).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -206,9 +209,9 @@ pub const MAX_TTL: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 pub(crate) const MAX_TTL_TEXT: &str = "87600h (10 years)";
 
 /// Checks a lifetime against [`MAX_TTL`], for the option named `option`.
-pub(crate) fn check_ttl(option: &'static str, ttl: Duration) -> crate::Result<Duration> {
+pub(crate) fn check_ttl(option: &'static str, ttl: Duration) -> Result<Duration> {
     if ttl > MAX_TTL {
-        return Err(crate::Error::InvalidOption {
+        return Err(Error::InvalidOption {
             option,
             message: format!(
                 "{}s is longer than the maximum of {MAX_TTL_TEXT} (agent_sandbox::MAX_TTL)",
@@ -217,6 +220,18 @@ pub(crate) fn check_ttl(option: &'static str, ttl: Duration) -> crate::Result<Du
         });
     }
     Ok(ttl)
+}
+
+/// `now + ttl`, for a `ttl` of at most [`MAX_TTL`]: an error naming the maximum otherwise, never
+/// a missing or saturated time.
+pub(crate) fn expiry(option: &'static str, now: Timestamp, ttl: Duration) -> Result<Timestamp> {
+    let ttl = check_ttl(option, ttl)?;
+    let out_of_range = |e: jiff::Error| Error::InvalidOption {
+        option,
+        message: format!("now + {}s is not a valid time: {e}", ttl.as_secs()),
+    };
+    let signed = jiff::SignedDuration::try_from(ttl).map_err(out_of_range)?;
+    now.checked_add(signed).map_err(out_of_range)
 }
 
 /// How long the tokens minted with [`ClientOptions::router_signing_key`] are valid (a fresh one
@@ -440,19 +455,69 @@ impl CreateOptions {
     }
 }
 
+/// What a command runs: the one representation of it for `run_with`, `exec_stream` and
+/// `start_process`. Each variant means the same on every endpoint that can run it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ExecCommand {
+    /// A command line as upstream's `/execute` takes it: split into words shlex-style (POSIX
+    /// rules, like Python's `shlex.split`) by the runtime and run without a shell; `run_with`
+    /// sends it as it is. The `/v1` endpoints (`exec_stream`, background processes) take only a
+    /// shell line or an argv, and run it as [`ExecCommand::Shell`]: to mean one of the two on
+    /// every endpoint, say which.
+    Line(String),
+    /// A shell command line, run as `/bin/sh -c <line>` (pipes, `$(...)`, `&&`, `cd`).
+    Shell(String),
+    /// A program and its arguments, run without a shell (the program is looked up in `PATH`).
+    /// `/execute` has no argv field: `run_with` sends the words quoted ([`shell_quote`]) so that
+    /// the runtime's shlex split gives back exactly these words.
+    Argv(Vec<String>),
+}
+
+impl Default for ExecCommand {
+    fn default() -> Self {
+        Self::Line(String::new())
+    }
+}
+
+impl ExecCommand {
+    /// The command as one line: the line itself, or the argv's words quoted with
+    /// [`shell_quote`] and joined by spaces (which a shell and a shlex split both read back as
+    /// these words).
+    pub fn to_line(&self) -> String {
+        match self {
+            Self::Line(line) | Self::Shell(line) => line.clone(),
+            Self::Argv(words) => words
+                .iter()
+                .map(|word| shell_quote(word))
+                .collect::<Vec<_>>()
+                .join(" "),
+        }
+    }
+}
+
+/// Quotes `word` for a POSIX shell (and for a shlex split, which reads quotes the same way) when
+/// it needs it: words of only letters, digits and `_@%+=:,./-` stay as they are; others are put
+/// in single quotes, with each `'` written as `'\''`.
+pub fn shell_quote(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_@%+=:,./-".contains(c));
+    if plain {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
+}
+
 /// How to run a command: `run_with`, `exec_stream`, `start_process`.
 #[derive(Clone, Debug, Default, PartialEq)]
 #[non_exhaustive]
 pub struct ExecOptions {
-    /// The command line.
-    pub command: String,
-    /// Run through `/bin/sh -c` (pipes, `$(...)`, `&&`). `run_with` defaults to `false`
-    /// (upstream's shlex split, no shell); `exec_stream` and background processes always use a
-    /// shell unless [`ExecOptions::argv`] is set.
-    pub shell: bool,
-    /// Program and arguments, no shell (`exec_stream` and background processes only; `run_with`
-    /// ignores it).
-    pub argv: Option<Vec<String>>,
+    /// What runs: a command line split without a shell ([`ExecOptions::new`]), a shell line
+    /// ([`ExecOptions::shell`]) or a program and its arguments ([`ExecOptions::argv`]).
+    pub command: ExecCommand,
     /// Working directory, relative to the sandbox's base directory.
     pub cwd: Option<String>,
     /// Environment variables added for the command.
@@ -472,36 +537,46 @@ pub struct ExecOptions {
 }
 
 impl ExecOptions {
-    /// Options for `command`, run without a shell by `run_with`.
-    pub fn new(command: impl Into<String>) -> Self {
+    /// Options for running `command`.
+    pub fn with_command(command: ExecCommand) -> Self {
         Self {
-            command: command.into(),
+            command,
             max_attempts: 1,
             ..Self::default()
         }
     }
 
-    /// Options for `command` run through `/bin/sh -c`.
-    pub fn shell(command: impl Into<String>) -> Self {
-        Self::new(command).with_shell(true)
+    /// Options for the command line `command` ([`ExecCommand::Line`]: split without a shell by
+    /// `run_with`, as upstream's `/execute`).
+    pub fn new(command: impl Into<String>) -> Self {
+        Self::with_command(ExecCommand::Line(command.into()))
     }
 
-    /// Options for a program with arguments, no shell.
+    /// Options for `command` run through `/bin/sh -c` ([`ExecCommand::Shell`]).
+    pub fn shell(command: impl Into<String>) -> Self {
+        Self::with_command(ExecCommand::Shell(command.into()))
+    }
+
+    /// Options for a program with arguments, no shell ([`ExecCommand::Argv`]).
     pub fn argv<I, S>(argv: I) -> Self
     where
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        let argv: Vec<String> = argv.into_iter().map(Into::into).collect();
-        let mut options = Self::new(argv.join(" "));
-        options.argv = Some(argv);
-        options
+        Self::with_command(ExecCommand::Argv(
+            argv.into_iter().map(Into::into).collect(),
+        ))
     }
 
-    /// Sets whether a shell runs the command.
+    /// Sets whether a shell runs the command line: `true` makes a [`ExecCommand::Line`] a
+    /// [`ExecCommand::Shell`], `false` the other way round. An argv stays an argv.
     #[must_use]
     pub fn with_shell(mut self, shell: bool) -> Self {
-        self.shell = shell;
+        self.command = match (self.command, shell) {
+            (ExecCommand::Line(line), true) => ExecCommand::Shell(line),
+            (ExecCommand::Shell(line), false) => ExecCommand::Line(line),
+            (command, _) => command,
+        };
         self
     }
 
@@ -594,6 +669,25 @@ mod tests {
     fn exec_defaults_never_replay() {
         assert_eq!(ExecOptions::new("ls").max_attempts, 1);
         assert_eq!(ExecOptions::shell("ls").max_attempts(0).max_attempts, 1);
-        assert!(ExecOptions::shell("ls").shell);
+        assert_eq!(
+            ExecOptions::shell("ls").command,
+            ExecCommand::Shell("ls".to_owned())
+        );
+    }
+
+    #[test]
+    fn one_command_has_one_representation() {
+        assert_eq!(
+            ExecOptions::new("ls -l").with_shell(true),
+            ExecOptions::shell("ls -l")
+        );
+        assert_eq!(
+            ExecOptions::shell("ls -l").with_shell(false),
+            ExecOptions::new("ls -l")
+        );
+        let argv = ExecOptions::argv(["printf", "%s", "a b", "it's", ""]);
+        assert_eq!(argv.clone().with_shell(true), argv);
+        assert_eq!(argv.command.to_line(), "printf %s 'a b' 'it'\\''s' ''");
+        assert_eq!(ExecCommand::Shell("a | b".into()).to_line(), "a | b");
     }
 }

@@ -18,12 +18,12 @@ use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde::de::DeserializeOwned;
 use tokio::io::AsyncRead;
 
-use crate::client::{ClaimKey, delete_claim, extend_claim};
+use crate::claims::{ClaimKey, delete_claim, extend_claim};
 use crate::connection::{Connection, Connector};
 use crate::error::{Error, Result};
 use crate::exec::{Download, ExecStream, OutputFollower};
-use crate::options::{ClientOptions, ExecOptions, RetryPolicy};
-
+use crate::options::{ClientOptions, ExecCommand, ExecOptions, RetryPolicy};
+use crate::token::mint_token;
 use crate::transport::{Call, Payload, Target, reader_body};
 
 /// Characters escaped in a file path segment of a URL: everything but unreserved characters.
@@ -289,7 +289,7 @@ impl Sandbox {
     /// Mints a scoped router token for this sandbox (see
     /// [`Client::mint_token`](crate::Client::mint_token)).
     pub fn mint_token(&self, key: &[u8], ttl: Duration) -> Result<String> {
-        crate::client::mint_token(key, self.namespace(), self.sandbox_name(), ttl)
+        mint_token(key, self.namespace(), self.sandbox_name(), ttl)
     }
 
     fn connection(&self) -> Result<Arc<Connection>> {
@@ -399,19 +399,10 @@ impl Sandbox {
         self.run_with(ExecOptions::new(command)).await
     }
 
-    /// Runs a command with options (shell, cwd, env, timeout, stdin) through `/execute`. Sent
-    /// once unless [`ExecOptions::max_attempts`] opts in to replays.
+    /// Runs a command with options (shell or argv, cwd, env, timeout, stdin) through `/execute`.
+    /// Sent once unless [`ExecOptions::max_attempts`] opts in to replays.
     pub async fn run_with(&self, options: ExecOptions) -> Result<ExecutionResult> {
-        let request = ExecuteRequest {
-            command: options.command.clone(),
-            shell: options.shell.then_some(true),
-            cwd: options.cwd.clone(),
-            env: (!options.env.is_empty()).then(|| options.env.clone()),
-            timeout_seconds: options.timeout.map(|t| t.as_secs_f64()),
-            stdin: options.stdin.clone(),
-            max_output_bytes: options.max_output_bytes,
-        };
-        let body = json_body(&request)?;
+        let body = json_body(&execute_request(&options))?;
         let mut call = self.call(
             "run".to_owned(),
             Method::POST,
@@ -424,9 +415,9 @@ impl Sandbox {
         Ok(response.into())
     }
 
-    /// Runs a command through `/v1/exec` and streams its output as it is produced. A shell
-    /// runs `options.command` unless [`ExecOptions::argv`] is set. Never replayed unless opted
-    /// in.
+    /// Runs a command through `/v1/exec` and streams its output as it is produced: a shell line
+    /// through `/bin/sh -c`, an argv without a shell (a [`ExecCommand::Line`] runs as a shell
+    /// line: `/v1` has no split mode). Never replayed unless opted in.
     ///
     /// ```no_run
     /// # async fn demo(sandbox: agent_sandbox::Sandbox) -> agent_sandbox::Result<()> {
@@ -513,7 +504,16 @@ impl Sandbox {
     /// Follows the output of a background process from byte `offset` until it exits,
     /// reconnecting from the last byte seen when the connection drops (up to 5 times in a row).
     pub fn follow_output(&self, id: &str, offset: u64) -> OutputFollower {
-        OutputFollower::new(self.clone(), id.to_owned(), offset)
+        let (sandbox, process) = (self.clone(), id.to_owned());
+        OutputFollower::new(
+            self.sandbox_name().to_owned(),
+            id.to_owned(),
+            offset,
+            Box::new(move |offset| {
+                let (sandbox, process) = (sandbox.clone(), process.clone());
+                Box::pin(async move { sandbox.output_stream(&process, offset, true).await })
+            }),
+        )
     }
 
     pub(crate) async fn output_stream(
@@ -947,11 +947,31 @@ fn json_body<T: serde::Serialize>(value: &T) -> Result<Bytes> {
         })
 }
 
-/// The `/v1` request for `options` (sans IO).
+/// The `/execute` request for `options` (sans IO): a line as it is, a shell line with
+/// `shell: true`, an argv quoted into a line that the runtime's shlex split turns back into the
+/// same words.
+pub(crate) fn execute_request(options: &ExecOptions) -> ExecuteRequest {
+    ExecuteRequest {
+        command: options.command.to_line(),
+        shell: matches!(options.command, ExecCommand::Shell(_)).then_some(true),
+        cwd: options.cwd.clone(),
+        env: (!options.env.is_empty()).then(|| options.env.clone()),
+        timeout_seconds: options.timeout.map(|t| t.as_secs_f64()),
+        stdin: options.stdin.clone(),
+        max_output_bytes: options.max_output_bytes,
+    }
+}
+
+/// The `/v1` request for `options` (sans IO): a shell line (or a line: `/v1` has no split mode)
+/// as `command`, an argv as `argv`.
 pub(crate) fn exec_request(options: &ExecOptions) -> ExecRequest {
+    let (command, argv) = match &options.command {
+        ExecCommand::Line(line) | ExecCommand::Shell(line) => (Some(line.clone()), None),
+        ExecCommand::Argv(words) => (None, Some(words.clone())),
+    };
     ExecRequest {
-        command: options.argv.is_none().then(|| options.command.clone()),
-        argv: options.argv.clone(),
+        command,
+        argv,
         cwd: options.cwd.clone(),
         env: (!options.env.is_empty()).then(|| options.env.clone()),
         timeout_seconds: options.timeout.map(|t| t.as_secs_f64()),
@@ -1016,5 +1036,24 @@ mod tests {
         let argv = exec_request(&ExecOptions::argv(["ls", "-l"]));
         assert_eq!(argv.command, None);
         assert_eq!(argv.argv, Some(vec!["ls".to_owned(), "-l".to_owned()]));
+        let shell = exec_request(&ExecOptions::shell("echo $HOME"));
+        assert_eq!(shell.command.as_deref(), Some("echo $HOME"));
+        assert_eq!(shell.argv, None);
+    }
+
+    #[test]
+    fn execute_requests_say_shell_only_for_shell_lines_and_quote_argv() {
+        let line = execute_request(&ExecOptions::new("echo $HOME"));
+        assert_eq!((line.command.as_str(), line.shell), ("echo $HOME", None));
+        let shell = execute_request(&ExecOptions::shell("echo $HOME").cwd("sub"));
+        assert_eq!(
+            (shell.command.as_str(), shell.shell, shell.cwd.as_deref()),
+            ("echo $HOME", Some(true), Some("sub"))
+        );
+        let argv = execute_request(&ExecOptions::argv(["printf", "%s", "a b"]));
+        assert_eq!(
+            (argv.command.as_str(), argv.shell),
+            ("printf %s 'a b'", None)
+        );
     }
 }

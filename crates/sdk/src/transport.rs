@@ -22,6 +22,7 @@ use tokio_util::io::ReaderStream;
 
 use crate::error::{Error, Result};
 use crate::options::{RetryPolicy, SCOPED_TOKEN_TTL, SigningKey};
+use crate::token::mint_token;
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// Request body type of every call.
@@ -141,7 +142,7 @@ impl RouterAuth {
             Self::None => Ok(None),
             Self::Bearer(token) => Ok(Some(format!("Bearer {token}"))),
             Self::Scoped(key) => {
-                let token = crate::client::mint_token(
+                let token = mint_token(
                     key.as_bytes(),
                     &target.namespace,
                     &target.sandbox,

@@ -1,14 +1,18 @@
-//! One function per subcommand; [`dispatch`] picks it.
+//! One function per subcommand; [`dispatch`] picks it. Each works through one SDK
+//! [`Client`](agent_sandbox::Client), built once from the connection flags.
 
-pub mod cluster;
+pub mod claims;
 pub mod dev;
+pub mod pools;
 pub mod sandbox;
 
 use std::io::Write as _;
 
+use serde::Serialize;
+
 use crate::cli::{Cli, Command};
-use crate::context::Cluster;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, RouterHint};
+use crate::output::{self, Format};
 
 /// Runs the subcommand of `cli` and returns the exit code.
 pub async fn dispatch(cli: Cli) -> Result<i32> {
@@ -28,24 +32,55 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
             "the runtime subcommand is served before the async runtime starts".to_owned(),
         )),
         command => {
-            let cluster = Cluster::connect(&global).await?;
+            let client = global.connect().await.map_err(Error::connect)?;
             let outcome = match command {
-                Command::Run(args) => sandbox::run(&cluster, args).await,
-                Command::Claim(args) => sandbox::claim(&cluster, args).await,
-                Command::Exec(args) => sandbox::exec(&cluster, args).await,
-                Command::Cp(args) => sandbox::cp(&cluster, args).await,
-                Command::Ls(args) => sandbox::ls(&cluster, args).await,
-                Command::Cat(args) => sandbox::cat(&cluster, args).await,
-                Command::Rm(args) => sandbox::rm(&cluster, args).await,
-                Command::List(args) => cluster::list(&cluster, args).await,
-                Command::Delete(args) => cluster::delete(&cluster, args).await,
-                Command::Extend(args) => cluster::extend(&cluster, args).await,
-                Command::Pools(args) => cluster::pools(&cluster, args).await,
-                Command::Logs(args) => cluster::logs(&cluster, args).await,
-                Command::Token(args) => cluster::token(&cluster, args).await,
+                Command::Run(args) => sandbox::run(&client, args).await,
+                Command::Claim(args) => sandbox::claim(&client, args).await,
+                Command::Exec(args) => sandbox::exec(&client, args).await,
+                Command::Cp(args) => sandbox::cp(&client, args).await,
+                Command::Ls(args) => sandbox::ls(&client, args).await,
+                Command::Cat(args) => sandbox::cat(&client, args).await,
+                Command::Rm(args) => sandbox::rm(&client, args).await,
+                Command::List(args) => claims::list(&client, args).await,
+                Command::Delete(args) => claims::delete(&client, args).await,
+                Command::Extend(args) => claims::extend(&client, args).await,
+                Command::Pools(args) => pools::pools(&client, args).await,
+                Command::Logs(args) => claims::logs(&client, args).await,
+                Command::Token(args) => claims::token(&client, args).await,
                 Command::Dev(_) | Command::Completion(_) | Command::Runtime(_) => Ok(0),
             };
-            outcome.map_err(|e| e.explained(cluster.api_url.as_deref(), &cluster.router_hint()))
+            let router = RouterHint::of(&client.options().connection);
+            outcome.map_err(|e| e.explained(client.api_url(), &router))
+        }
+    }
+}
+
+/// Maps an SDK error to [`Error::Sdk`] naming `action`.
+pub(crate) fn sdk(action: impl Into<String>) -> impl FnOnce(agent_sandbox::Error) -> Error {
+    let action = action.into();
+    move |source| Error::Sdk {
+        action,
+        source: Box::new(source),
+    }
+}
+
+/// `items` as `format`: the table `table` draws, or JSON or YAML.
+pub(crate) fn render<T: Serialize>(
+    format: Format,
+    items: &T,
+    table: impl FnOnce() -> String,
+) -> Result<String> {
+    match format {
+        Format::Table => Ok(table()),
+        Format::Json | Format::Yaml => {
+            output::serialized(format, items).map_err(|message| Error::Render {
+                format: if format == Format::Json {
+                    "json"
+                } else {
+                    "yaml"
+                },
+                message,
+            })
         }
     }
 }

@@ -6,18 +6,17 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use agent_sandbox::args::ConnectArgs;
 use agent_sandbox::{
-    ClientOptions, ConnectionMode, CreateOptions, ExecEvent, ExecOptions, FileType, Progress,
-    Sandbox,
+    Client, CreateOptions, ExecCommand, ExecEvent, ExecOptions, FileType, Progress, Sandbox,
 };
 use agent_sandbox_local::{LocalCluster, LocalConfig};
 use serde::Serialize;
 use tokio::io::AsyncWriteExt as _;
 
-use super::cluster::{INVOCATION_TOKEN_TTL, claimed_sandbox, ensure_pool};
-use super::{interrupted, io, print};
-use crate::cli::{ClaimArgs, CommandArgs, CpArgs, ExecArgs, GlobalArgs, LsArgs, RmArgs, RunArgs};
-use crate::context::Cluster;
+use super::pools::ensure_pool;
+use super::{interrupted, io, print, render, sdk};
+use crate::cli::{ClaimArgs, CommandArgs, CpArgs, ExecArgs, LsArgs, RmArgs, RunArgs};
 use crate::error::{Error, Result};
 use crate::output::{self, Format};
 use crate::spinner::Spinner;
@@ -27,47 +26,13 @@ pub const EXIT_INTERRUPTED: i32 = 130;
 /// Exit code when the command was killed by its timeout (as `timeout(1)`).
 pub const EXIT_TIMED_OUT: i32 = 124;
 
-fn sdk(action: impl Into<String>) -> impl FnOnce(agent_sandbox::Error) -> Error {
-    let action = action.into();
-    move |source| Error::Sdk {
-        action,
-        source: Box::new(source),
-    }
-}
-
-/// An SDK client for `cluster`, sending `token` (else the cluster's router token).
-fn client(cluster: &Cluster, token: Option<String>) -> agent_sandbox::Client {
-    let connection = match &cluster.router_url {
-        Some(url) => ConnectionMode::direct(url.clone()),
-        None => ConnectionMode::port_forward_in(cluster.router_namespace.clone()),
-    };
-    let mut options = ClientOptions::default()
-        .namespace(cluster.namespace.clone())
-        .connection(connection);
-    if let Some(token) = token.or_else(|| cluster.router_token.clone()) {
-        options = options.router_token(token);
-    }
-    agent_sandbox::Client::from_kube(cluster.client.clone(), options)
-}
-
-/// A connected handle to `claim`'s sandbox (minting a scoped token when a signing key is set).
-async fn attach(cluster: &Cluster, claim: &str) -> Result<Sandbox> {
-    let token = match &cluster.signing_key {
-        Some(key) => {
-            let sandbox = claimed_sandbox(cluster, claim).await?;
-            Some(crate::token::mint(
-                key,
-                &cluster.namespace,
-                &sandbox,
-                INVOCATION_TOKEN_TTL,
-            )?)
-        }
-        None => None,
-    };
-    match client(cluster, token).get_sandbox(claim).await {
+/// A connected handle to `claim`'s sandbox (with a signing key, the SDK mints a scoped token
+/// for it per request).
+async fn attach(client: &Client, claim: &str) -> Result<Sandbox> {
+    match client.get_sandbox(claim).await {
         Ok(sandbox) => Ok(sandbox),
         Err(error) if error.is_not_found() => Err(Error::ClaimNotFound {
-            namespace: cluster.namespace.clone(),
+            namespace: client.namespace().to_owned(),
             claim: claim.to_owned(),
         }),
         Err(error) => Err(sdk(format!("connect to the sandbox of claim {claim}"))(
@@ -79,12 +44,12 @@ async fn attach(cluster: &Cluster, claim: &str) -> Result<Sandbox> {
 /// Claims a sandbox from `pool`, with a spinner; Ctrl-C meanwhile deletes the claim. Returns
 /// `None` when interrupted.
 async fn claim_sandbox(
-    cluster: &Cluster,
+    client: &Client,
     pool: &str,
     ttl: Option<Duration>,
     wait_timeout: Duration,
 ) -> Result<Option<(Sandbox, Duration)>> {
-    ensure_pool(cluster, pool).await?;
+    ensure_pool(client, pool).await?;
     let spinner = Arc::new(Spinner::start(format!(
         "claiming a sandbox from pool {pool}"
     )));
@@ -115,7 +80,6 @@ async fn claim_sandbox(
             _ => {}
         })
     };
-    let client = client(cluster, None);
     let started = Instant::now();
     let outcome = tokio::select! {
         created = client.create_sandbox_with(pool, options) => Some(created),
@@ -135,37 +99,7 @@ async fn claim_sandbox(
         return Ok(None);
     };
     let sandbox = outcome.map_err(sdk(format!("claim a sandbox from pool {pool}")))?;
-    let claimed_in = started.elapsed();
-    let sandbox = match &cluster.signing_key {
-        // Scoped routers need a token for this very sandbox: reconnect with one.
-        Some(key) => {
-            let token = crate::token::mint(
-                key,
-                &cluster.namespace,
-                sandbox.sandbox_name(),
-                INVOCATION_TOKEN_TTL,
-            )?;
-            self::client(cluster, Some(token))
-                .get_sandbox(sandbox.claim_name())
-                .await
-                .map_err(sdk("connect with a scoped token"))?
-        }
-        None => sandbox,
-    };
-    Ok(Some((sandbox, claimed_in)))
-}
-
-/// Quotes `word` for `sh` when it needs it.
-pub fn shell_quote(word: &str) -> String {
-    let plain = !word.is_empty()
-        && word
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "_@%+=:,./-".contains(c));
-    if plain {
-        word.to_owned()
-    } else {
-        format!("'{}'", word.replace('\'', "'\\''"))
-    }
+    Ok(Some((sandbox, started.elapsed())))
 }
 
 /// The shell line for the words after `--`: one word is a shell line as written (`'echo $HOME
@@ -174,11 +108,7 @@ pub fn shell_quote(word: &str) -> String {
 pub fn shell_line(words: &[String]) -> String {
     match words {
         [line] => line.clone(),
-        words => words
-            .iter()
-            .map(|w| shell_quote(w))
-            .collect::<Vec<_>>()
-            .join(" "),
+        words => ExecCommand::Argv(words.to_vec()).to_line(),
     }
 }
 
@@ -287,10 +217,10 @@ fn millis(d: Duration) -> String {
 }
 
 /// Claim, run, delete: the body of `run` on any cluster.
-async fn claim_run_delete(cluster: &Cluster, args: &RunArgs) -> Result<i32> {
+async fn claim_run_delete(client: &Client, args: &RunArgs) -> Result<i32> {
     let options = exec_options(&args.command)?;
     let Some((sandbox, claimed_in)) =
-        claim_sandbox(cluster, &args.pool, Some(args.ttl), args.wait_timeout).await?
+        claim_sandbox(client, &args.pool, Some(args.ttl), args.wait_timeout).await?
     else {
         return Ok(EXIT_INTERRUPTED);
     };
@@ -323,12 +253,12 @@ async fn claim_run_delete(cluster: &Cluster, args: &RunArgs) -> Result<i32> {
 }
 
 /// `sandboxctl run` against the current cluster.
-pub async fn run(cluster: &Cluster, args: RunArgs) -> Result<i32> {
-    claim_run_delete(cluster, &args).await
+pub async fn run(client: &Client, args: RunArgs) -> Result<i32> {
+    claim_run_delete(client, &args).await
 }
 
 /// `sandboxctl run --local`: a local cluster in this process for one command.
-pub async fn run_local(global: &GlobalArgs, args: RunArgs) -> Result<i32> {
+pub async fn run_local(global: &ConnectArgs, args: RunArgs) -> Result<i32> {
     let started = Instant::now();
     let spinner = Spinner::start("starting a local cluster");
     let config = LocalConfig {
@@ -363,12 +293,11 @@ pub async fn run_local(global: &GlobalArgs, args: RunArgs) -> Result<i32> {
     global.router_url = local.router_url().map(str::to_owned);
     global.router_token = local.router_token();
     global.signing_key_file = None;
-    let namespace = global
-        .namespace
-        .clone()
-        .unwrap_or_else(|| agent_sandbox_local::DEFAULT_NAMESPACE.to_owned());
-    let cluster = Cluster::from_client(local.client(), namespace, &global)?;
-    let code = claim_run_delete(&cluster, &args).await;
+    let options = global
+        .client_options(agent_sandbox_local::DEFAULT_NAMESPACE)
+        .map_err(Error::connect)?;
+    let client = Client::from_kube(local.client(), options);
+    let code = claim_run_delete(&client, &args).await;
     local.stop().await;
     code
 }
@@ -402,9 +331,9 @@ pub fn expiry_notice(claim: &str, expires: Option<jiff::Timestamp>, ttl: Duratio
 }
 
 /// `sandboxctl claim`.
-pub async fn claim(cluster: &Cluster, args: ClaimArgs) -> Result<i32> {
+pub async fn claim(client: &Client, args: ClaimArgs) -> Result<i32> {
     let Some((sandbox, claimed_in)) =
-        claim_sandbox(cluster, &args.pool, Some(args.ttl), args.wait_timeout).await?
+        claim_sandbox(client, &args.pool, Some(args.ttl), args.wait_timeout).await?
     else {
         return Ok(EXIT_INTERRUPTED);
     };
@@ -433,24 +362,17 @@ pub async fn claim(cluster: &Cluster, args: ClaimArgs) -> Result<i32> {
                 expires: expires.map(|t| t.to_string()),
             };
             eprintln!("{}", expiry_notice(sandbox.claim_name(), expires, args.ttl));
-            let text = output::serialized(format, &claimed).map_err(|message| Error::Render {
-                format: if format == Format::Json {
-                    "json"
-                } else {
-                    "yaml"
-                },
-                message,
-            })?;
-            print(&text)?;
+            // A table was handled above.
+            print(&render(format, &claimed, String::new)?)?;
         }
     }
     Ok(0)
 }
 
 /// `sandboxctl exec`.
-pub async fn exec(cluster: &Cluster, args: ExecArgs) -> Result<i32> {
+pub async fn exec(client: &Client, args: ExecArgs) -> Result<i32> {
     let options = exec_options(&args.command)?;
-    let sandbox = attach(cluster, &args.claim).await?;
+    let sandbox = attach(client, &args.claim).await?;
     match stream(&sandbox, options).await? {
         Ended::Exited(code) => Ok(code),
         Ended::Interrupted => Ok(EXIT_INTERRUPTED),
@@ -646,7 +568,7 @@ fn base_name(path: &str) -> &str {
 }
 
 /// `sandboxctl cp`.
-pub async fn cp(cluster: &Cluster, args: CpArgs) -> Result<i32> {
+pub async fn cp(client: &Client, args: CpArgs) -> Result<i32> {
     let src = parse_location(&args.src);
     let dst = parse_location(&args.dst);
     match (src, dst) {
@@ -659,7 +581,7 @@ pub async fn cp(cluster: &Cluster, args: CpArgs) -> Result<i32> {
             ))
         }
         (Location::Std, Location::Remote { claim, path }) => {
-            let sandbox = attach(cluster, &claim).await?;
+            let sandbox = attach(client, &claim).await?;
             sandbox
                 .upload(&path, tokio::io::stdin())
                 .await
@@ -667,7 +589,7 @@ pub async fn cp(cluster: &Cluster, args: CpArgs) -> Result<i32> {
             Ok(0)
         }
         (Location::Local(local), Location::Remote { claim, path }) => {
-            let sandbox = attach(cluster, &claim).await?;
+            let sandbox = attach(client, &claim).await?;
             let mut target = path.clone();
             let into_dir = path.is_empty()
                 || path.ends_with('/')
@@ -680,7 +602,7 @@ pub async fn cp(cluster: &Cluster, args: CpArgs) -> Result<i32> {
             Ok(0)
         }
         (Location::Remote { claim, path }, Location::Std) => {
-            let sandbox = attach(cluster, &claim).await?;
+            let sandbox = attach(client, &claim).await?;
             download_file(&sandbox, &path, None).await?;
             Ok(0)
         }
@@ -689,7 +611,7 @@ pub async fn cp(cluster: &Cluster, args: CpArgs) -> Result<i32> {
             // named after the claim), never from `..` or `.`.
             let normal = agent_sandbox::normalize_path("copy", &path)
                 .map_err(|e| Error::Usage(e.to_string()))?;
-            let sandbox = attach(cluster, &claim).await?;
+            let sandbox = attach(client, &claim).await?;
             let kind = remote_type(&sandbox, &normal).await?.ok_or_else(|| {
                 Error::Usage(format!("{claim}:{path} does not exist"))
             })?;
@@ -741,43 +663,33 @@ pub fn entries_table(entries: &[agent_sandbox::FileEntry]) -> String {
 }
 
 /// `sandboxctl ls`.
-pub async fn ls(cluster: &Cluster, args: LsArgs) -> Result<i32> {
+pub async fn ls(client: &Client, args: LsArgs) -> Result<i32> {
     let (claim, path) = remote(&args.target)?;
-    let sandbox = attach(cluster, &claim).await?;
+    let sandbox = attach(client, &claim).await?;
     let entries = sandbox
         .list(&path)
         .await
         .map_err(sdk(format!("list {claim}:{path}")))?;
-    let text = match args.output {
-        Format::Table => entries_table(&entries),
-        format => output::serialized(format, &entries).map_err(|message| Error::Render {
-            format: if format == Format::Json {
-                "json"
-            } else {
-                "yaml"
-            },
-            message,
-        })?,
-    };
+    let text = render(args.output, &entries, || entries_table(&entries))?;
     print(&text)?;
     Ok(0)
 }
 
 /// `sandboxctl cat`.
-pub async fn cat(cluster: &Cluster, args: crate::cli::PathArg) -> Result<i32> {
+pub async fn cat(client: &Client, args: crate::cli::PathArg) -> Result<i32> {
     let (claim, path) = remote(&args.target)?;
-    let sandbox = attach(cluster, &claim).await?;
+    let sandbox = attach(client, &claim).await?;
     download_file(&sandbox, &path, None).await?;
     Ok(0)
 }
 
 /// `sandboxctl rm`.
-pub async fn rm(cluster: &Cluster, args: RmArgs) -> Result<i32> {
+pub async fn rm(client: &Client, args: RmArgs) -> Result<i32> {
     let (claim, path) = remote(&args.target)?;
     // Refused here already (the SDK refuses too): nothing is sent for the base directory.
     agent_sandbox::normalize_mutable_path("remove", &path)
         .map_err(|e| Error::Usage(e.to_string()))?;
-    let sandbox = attach(cluster, &claim).await?;
+    let sandbox = attach(client, &claim).await?;
     sandbox
         .remove(&path, args.recursive)
         .await
