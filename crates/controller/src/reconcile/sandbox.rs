@@ -6,13 +6,13 @@ use std::time::Duration;
 
 use agent_sandbox_api::conditions::events as event_reasons;
 use agent_sandbox_api::sandbox::{OperatingMode, SandboxStatus, ShutdownPolicy};
-use agent_sandbox_api::{Sandbox, SandboxWarmPool};
+use agent_sandbox_api::{Sandbox, SandboxWarmPool, kinds};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::context::{Context, now};
 use crate::decide::sandbox::{self as decide, ChildDecision, Expiry, Observed, Problem};
@@ -20,7 +20,7 @@ use crate::decide::{Ownership, ownership};
 use crate::error::{Error, Result, api_message, is_conflict, is_invalid, is_not_found, kube_err};
 use crate::lenient::Lenient;
 
-const KIND: &str = "Sandbox";
+const KIND: &str = kinds::SANDBOX;
 
 /// Reconciles one Sandbox.
 pub async fn reconcile(sandbox: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action> {
@@ -542,7 +542,7 @@ async fn reconcile_service(sandbox: &Sandbox, ctx: &Context) -> Result<Option<Se
     }
 }
 
-/// Writes `status` with server-side apply when it differs from `current` (the stored one).
+/// Writes `status` when it differs from `current` (the stored one) in more than the node name.
 pub(crate) async fn write_status(
     sandbox: &Sandbox,
     current: Option<&SandboxStatus>,
@@ -553,22 +553,7 @@ pub(crate) async fn write_status(
     if current == status || decide::only_node_name_changed(&current, &status) {
         return Ok(());
     }
-    let (namespace, name) = names(sandbox);
-    let api: Api<Sandbox> = Api::namespaced(ctx.client.clone(), &namespace);
-    let body = json!({
-        "apiVersion": format!("{}/{}", agent_sandbox_api::GROUP, agent_sandbox_api::VERSION),
-        "kind": KIND,
-        "status": status,
-    });
-    let params = PatchParams::apply(agent_sandbox_api::wire::CONTROLLER_FIELD_MANAGER).force();
-    match api.patch_status(&name, &params, &Patch::Apply(&body)).await {
-        Ok(_) => {
-            ctx.remember_status(sandbox.metadata.uid.as_deref().unwrap_or_default(), &status);
-            Ok(())
-        }
-        Err(error) if is_not_found(&error) => Ok(()),
-        Err(error) => Err(kube_err("patch status of", KIND, &namespace, &name)(error)),
-    }
+    super::apply_status(sandbox, &status, ctx).await
 }
 
 /// Expiry: mark it, remove the pod and Service, then delete or retain the Sandbox.
