@@ -837,7 +837,7 @@ mod tests {
         assert_eq!(
             serde_json::to_value(&claim).unwrap_or_default(),
             json!({
-                "apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxClaim",
+                "apiVersion": agent_sandbox_api::EXTENSIONS_API_VERSION, "kind": agent_sandbox_api::kinds::SANDBOX_CLAIM,
                 "metadata": {
                     "generateName": "sandbox-claim-",
                     "labels": {"agents.x-k8s.io/created-by": "rust-client"},

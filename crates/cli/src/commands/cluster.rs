@@ -289,7 +289,12 @@ pub async fn get_claim(cluster: &Cluster, name: &str) -> Result<SandboxClaim> {
     let api: Api<SandboxClaim> = Api::namespaced(cluster.client.clone(), &cluster.namespace);
     api.get_opt(name)
         .await
-        .map_err(kube_err("get", "SandboxClaim", &cluster.namespace, name))?
+        .map_err(kube_err(
+            "get",
+            agent_sandbox_api::kinds::SANDBOX_CLAIM,
+            &cluster.namespace,
+            name,
+        ))?
         .ok_or_else(|| Error::ClaimNotFound {
             namespace: cluster.namespace.clone(),
             claim: name.to_owned(),
@@ -402,7 +407,7 @@ pub async fn ensure_pool(cluster: &Cluster, pool: &str) -> Result<()> {
     let api: Api<SandboxWarmPool> = Api::namespaced(cluster.client.clone(), &cluster.namespace);
     let found = api.get_opt(pool).await.map_err(kube_err(
         "get",
-        "SandboxWarmPool",
+        agent_sandbox_api::kinds::SANDBOX_WARM_POOL,
         &cluster.namespace,
         pool,
     ))?;
@@ -452,7 +457,7 @@ async fn claim_pod(cluster: &Cluster, claim: &str) -> Result<String> {
     let api: Api<Sandbox> = Api::namespaced(cluster.client.clone(), &cluster.namespace);
     let object = api.get_opt(&sandbox).await.map_err(kube_err(
         "get",
-        "Sandbox",
+        agent_sandbox_api::kinds::SANDBOX,
         &cluster.namespace,
         &sandbox,
     ))?;
