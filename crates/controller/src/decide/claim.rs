@@ -818,7 +818,7 @@ pub enum Step<'a> {
         note: String,
     },
     /// The claim's lifetime is over.
-    Expire(Expiry),
+    Expire(ExpiryWrites),
 }
 
 /// One adoption attempt: the member and the conditional write that moves it to the claim.
@@ -834,7 +834,7 @@ pub struct Adoption<'a> {
 
 /// The writes of an expired claim, in order: mark it (status, then Event), then delete.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Expiry {
+pub struct ExpiryWrites {
     /// The status marking the claim expired (`None`: already marked, or unchanged).
     pub mark: Option<SandboxClaimStatus>,
     /// The `ClaimExpired` Event's note, when the claim is newly marked and claim Events are on.
@@ -1021,10 +1021,10 @@ fn expiry(
     sandbox: Option<&Sandbox>,
     policy: &ClaimPolicy<'_>,
     now: Timestamp,
-) -> Expiry {
+) -> ExpiryWrites {
     let newly = !marked_expired(claim);
     let shutdown = shutdown_policy(claim);
-    Expiry {
+    ExpiryWrites {
         mark: newly
             .then(|| changed_status(claim, status(claim, None, None, true, now)))
             .flatten(),
@@ -1672,33 +1672,30 @@ mod tests {
         );
     }
 
-    #[test]
-    fn missing_pools_and_templates_are_reported_and_looked_at_again() {
-        let c = claim(0);
-        let plan = planned(&c, None, None, None, &[]);
+    /// The Ready condition a `Report` step writes, and its retry.
+    fn reported(step: Step<'_>) -> (Condition, Option<Duration>) {
         let Step::Report {
             status: Some(status),
             retry,
-        } = plan.step
+        } = step
         else {
-            panic!("{:?}", plan.step)
+            panic!("a status report expected: {step:?}")
         };
-        assert_eq!(retry, Some(MISSING_RETRY));
         let ready = find_condition(&status.conditions, claim_cond::READY).unwrap();
+        (ready.clone(), retry)
+    }
+
+    #[test]
+    fn missing_pools_and_templates_are_reported_and_looked_at_again() {
+        let c = claim(0);
+        let (ready, retry) = reported(planned(&c, None, None, None, &[]).step);
+        assert_eq!(retry, Some(MISSING_RETRY));
         assert_eq!(ready.reason, claim_cond::REASON_WARM_POOL_NOT_FOUND);
 
         // No members: cold, but the template is missing.
         let p = pool();
-        let plan = planned(&c, None, Some(&p), None, &[]);
-        let Step::Report {
-            status: Some(status),
-            retry,
-        } = plan.step
-        else {
-            panic!("{:?}", plan.step)
-        };
+        let (ready, retry) = reported(planned(&c, None, Some(&p), None, &[]).step);
         assert_eq!(retry, Some(MISSING_RETRY));
-        let ready = find_condition(&status.conditions, claim_cond::READY).unwrap();
         assert_eq!(
             (ready.reason.as_str(), ready.message.as_str()),
             (
@@ -1717,15 +1714,8 @@ mod tests {
             .insert("example.com/x".into(), "a".into());
         let (p, t, m) = (pool(), template(), warm("a", 10, true));
         let candidates = [&m];
-        let plan = planned(&c, None, Some(&p), Some(&t), &candidates);
-        let Step::Report {
-            status: Some(status),
-            retry: None,
-        } = plan.step
-        else {
-            panic!("{:?}", plan.step)
-        };
-        let ready = find_condition(&status.conditions, claim_cond::READY).unwrap();
+        let (ready, retry) = reported(planned(&c, None, Some(&p), Some(&t), &candidates).step);
+        assert_eq!(retry, None);
         assert_eq!(ready.reason, claim_cond::REASON_INVALID_METADATA);
         assert!(
             ready.message.contains("not in the allowlist"),

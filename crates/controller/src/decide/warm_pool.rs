@@ -1,5 +1,5 @@
 //! Decisions of the SandboxWarmPool reconciler: what a member looks like, which members are
-//! stale, which to delete, how many to create, and the pool's status; [`pass`] puts them together
+//! stale, which to delete, how many to create, and the pool's status; [`plan`] puts them together
 //! into one pass's writes, in order, which `reconcile::warm_pool` carries out.
 
 use std::collections::BTreeMap;
@@ -183,7 +183,7 @@ pub fn still_wanted(pool: Option<&ObjectMeta>, uid: &str) -> bool {
     pool.is_some_and(|meta| meta.uid.as_deref() == Some(uid) && meta.deletion_timestamp.is_none())
 }
 
-/// Tunables of [`plan`].
+/// Tunables of [`plan_members`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PlanSettings {
     /// Members not Ready after this long are replaced (unschedulable ones are held).
@@ -198,7 +198,7 @@ pub struct PlanSettings {
 
 /// What the pool reconciler should do in one pass.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Plan {
+pub struct MemberPlan {
     /// How many new members to create.
     pub create: usize,
     /// Members to delete, by name, with the reason.
@@ -213,15 +213,15 @@ pub struct Plan {
 
 /// Plans a pass over `members` (the pool's current members, from the cache) given `pending`
 /// creations not yet visible in the cache.
-pub fn plan(
+pub fn plan_members(
     pool: &SandboxWarmPool,
     template: Option<&SandboxTemplate>,
     members: &[&Sandbox],
     pending: usize,
     settings: &PlanSettings,
     now: Timestamp,
-) -> Plan {
-    let mut plan = Plan::default();
+) -> MemberPlan {
+    let mut plan = MemberPlan::default();
     let requested = usize::try_from(pool.spec.replicas.max(0)).unwrap_or(0);
     let desired = requested.min(settings.max_replicas);
     let recreate = pool.spec.update_strategy_type() == UpdateStrategyType::Recreate;
@@ -251,7 +251,7 @@ fn triage<'a>(
     recreate_for: Option<&SandboxTemplate>,
     settings: &PlanSettings,
     now: Timestamp,
-    plan: &mut Plan,
+    plan: &mut MemberPlan,
 ) -> (Vec<&'a Sandbox>, usize) {
     let mut kept: Vec<&Sandbox> = Vec::new();
     let mut deleting = 0usize;
@@ -286,7 +286,7 @@ fn triage<'a>(
 }
 
 /// Scale down to `desired`: unready members first, then the newest.
-fn scale_down(kept: &mut Vec<&Sandbox>, desired: usize, plan: &mut Plan) {
+fn scale_down(kept: &mut Vec<&Sandbox>, desired: usize, plan: &mut MemberPlan) {
     if kept.len() <= desired {
         return;
     }
@@ -356,7 +356,7 @@ fn pool_status(
 /// members, the `WarmPoolNotProgressing` Event, the status (before the creations, which are
 /// paced and may take a while: a `Capped` pool says so at once), then the creations.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Pass<'a> {
+pub struct Plan<'a> {
     /// Sandboxes with the pool's label and no controller, and the conditional write that makes
     /// the pool their controller (they count as members from the next pass on).
     pub orphans: Vec<(&'a Sandbox, Value)>,
@@ -388,12 +388,12 @@ pub struct Observed<'a> {
 }
 
 /// Decides one pass over `pool`.
-pub fn pass<'a>(
+pub fn plan<'a>(
     pool: &SandboxWarmPool,
     observed: &Observed<'a>,
     settings: &PlanSettings,
     member_settings: &MemberSettings,
-) -> Pass<'a> {
+) -> Plan<'a> {
     let Observed {
         template,
         labelled,
@@ -417,7 +417,7 @@ pub fn pass<'a>(
             Ownership::OwnedByOther(_) => {}
         }
     }
-    let plan = plan(pool, template, &members, pending, settings, now);
+    let plan = plan_members(pool, template, &members, pending, settings, now);
     let delete = plan
         .delete
         .iter()
@@ -428,7 +428,7 @@ pub fn pass<'a>(
             Some((*member, *reason))
         })
         .collect();
-    Pass {
+    Plan {
         orphans,
         delete,
         not_progressing: (!plan.unschedulable.is_empty()).then(|| {
@@ -570,7 +570,7 @@ mod tests {
         let a = built("a", 10, true);
         let mut b = built("b", 10, false);
         b.metadata.deletion_timestamp = Some(Time(now()));
-        let plan = plan(
+        let plan = plan_members(
             &pool(5),
             Some(&template()),
             &[&a, &b],
@@ -586,7 +586,7 @@ mod tests {
             plan.status.selector,
             format!("agents.x-k8s.io/warm-pool-sandbox={}", name_hash("pool"))
         );
-        let capped = super::plan(
+        let capped = super::plan_members(
             &pool(500),
             Some(&template()),
             &[],
@@ -598,7 +598,7 @@ mod tests {
             now(),
         );
         assert_eq!(capped.create, 8);
-        let no_template = super::plan(&pool(5), None, &[], 0, &plan_settings(), now());
+        let no_template = super::plan_members(&pool(5), None, &[], 0, &plan_settings(), now());
         assert_eq!(no_template.create, 0);
     }
 
@@ -612,7 +612,7 @@ mod tests {
         let members: Vec<Sandbox> = (0..3).map(|i| built(&format!("m{i}"), 10, true)).collect();
         let refs: Vec<&Sandbox> = members.iter().collect();
         let huge = pool(1_000_000);
-        let capped = plan(&huge, Some(&template()), &refs, 0, &settings, now());
+        let capped = plan_members(&huge, Some(&template()), &refs, 0, &settings, now());
         assert_eq!(
             capped.create, 1,
             "filled to the maximum, not to spec.replicas"
@@ -643,7 +643,7 @@ mod tests {
         let mut again = huge.clone();
         again.status = Some(capped.status.clone());
         let later = now() + k8s_openapi::jiff::SignedDuration::from_secs(60);
-        let shrunk = plan(&again, Some(&template()), &refs, 0, &settings, later);
+        let shrunk = plan_members(&again, Some(&template()), &refs, 0, &settings, later);
         assert_eq!(shrunk.delete, vec![("m0".into(), "scale down")]);
         assert_eq!(
             shrunk.status.conditions, capped.status.conditions,
@@ -653,7 +653,7 @@ mod tests {
         // Back under the maximum: the condition goes.
         let mut fits = pool(4);
         fits.status = Some(capped.status);
-        let within = plan(&fits, Some(&template()), &refs[..4], 0, &settings, later);
+        let within = plan_members(&fits, Some(&template()), &refs[..4], 0, &settings, later);
         assert!(within.status.conditions.is_empty());
         assert_eq!(within.create, 0);
     }
@@ -677,7 +677,7 @@ mod tests {
         let old_ready = built("old-ready", 100, true);
         let new_ready = built("new-ready", 10, true);
         let unready = built("unready", 50, false);
-        let plan = plan(
+        let plan = plan_members(
             &pool(1),
             Some(&template()),
             &[&old_ready, &new_ready, &unready],
@@ -706,7 +706,7 @@ mod tests {
             now(),
         );
         let young = built("young", 100, false);
-        let plan = plan(
+        let plan = plan_members(
             &pool(3),
             Some(&template()),
             &[&late, &stuck, &young],
@@ -744,7 +744,7 @@ mod tests {
         recreate.spec.update_strategy = Some(UpdateStrategy {
             type_: UpdateStrategyType::Recreate,
         });
-        let plan1 = plan(
+        let plan1 = plan_members(
             &recreate,
             Some(&changed),
             &[&fresh],
@@ -754,7 +754,7 @@ mod tests {
         );
         assert_eq!(plan1.delete, vec![("fresh".into(), "stale")]);
         assert_eq!(plan1.create, 1);
-        let plan2 = plan(
+        let plan2 = plan_members(
             &pool(1),
             Some(&changed),
             &[&fresh],
@@ -785,7 +785,7 @@ mod tests {
             current: None,
             now: now(),
         };
-        let pass = pass(&p, &observed, &plan_settings(), &settings());
+        let pass = plan(&p, &observed, &plan_settings(), &settings());
         assert_eq!(pass.orphans.len(), 1);
         assert_eq!(pass.orphans[0].0.metadata.name.as_deref(), Some("orphan"));
         assert_eq!(
@@ -817,7 +817,7 @@ mod tests {
         template: Option<&'a SandboxTemplate>,
         labelled: &'a [&'a Sandbox],
         current: Option<&'a SandboxWarmPoolStatus>,
-    ) -> Pass<'a> {
+    ) -> Plan<'a> {
         let observed = Observed {
             template,
             labelled,
@@ -825,7 +825,7 @@ mod tests {
             current,
             now: now(),
         };
-        pass(pool, &observed, &plan_settings(), &settings())
+        plan(pool, &observed, &plan_settings(), &settings())
     }
 
     #[test]

@@ -24,8 +24,8 @@ use kube::{Api, ResourceExt};
 
 use crate::context::{Context, key, now};
 use crate::decide::claim::{
-    self as decide, Adoption, ClaimPolicy, Expiry, ExpiryDelete, MISSING_RETRY, Observed, Plan,
-    Step,
+    self as decide, Adoption, ClaimPolicy, ExpiryDelete, ExpiryWrites, MISSING_RETRY, Observed,
+    Plan, Step,
 };
 use crate::decide::{is_condition_true, remaining};
 use crate::error::{Result, is_conflict, is_not_found, kube_err};
@@ -284,7 +284,7 @@ async fn create_cold(
 
 /// Expiry: mark the claim (status, then Event), then the deletion of its shutdown policy; an
 /// object already gone or replaced (its UID changed) is no error.
-async fn expire(claim: &SandboxClaim, expiry: Expiry, ctx: &Context) -> Result<()> {
+async fn expire(claim: &SandboxClaim, expiry: ExpiryWrites, ctx: &Context) -> Result<()> {
     write_status(claim, expiry.mark, ctx).await?;
     if let Some(note) = expiry.event {
         ctx.event(claim, false, event_reasons::CLAIM_EXPIRED, "Expire", note);

@@ -1,5 +1,5 @@
 //! The SandboxWarmPool reconciler: keeps `replicas` unclaimed members built from the pool's
-//! template. It reads the caches, asks [`crate::decide::warm_pool::pass`] for the pass's writes
+//! template. It reads the caches, asks [`crate::decide::warm_pool::plan`] for the pass's writes
 //! and carries them out, the creations paced by the controller-wide rate.
 
 use std::sync::Arc;
@@ -64,9 +64,9 @@ pub async fn reconcile(pool: Arc<SandboxWarmPool>, ctx: Arc<Context>) -> Result<
         dns: ctx.config.dns.clone(),
         safe_to_evict: ctx.config.warm_pool_safe_to_evict,
     };
-    let pass = decide::pass(&pool, &observed, &settings, &member_settings);
-    write(&pool, &pass, &ctx).await?;
-    Ok(match pass.recheck_after {
+    let plan = decide::plan(&pool, &observed, &settings, &member_settings);
+    write(&pool, &plan, &ctx).await?;
+    Ok(match plan.recheck_after {
         Some(after) => Action::requeue(after.saturating_add(Duration::from_millis(100))),
         // A template that does not exist yet: its creation wakes us through the template watch.
         None => Action::await_change(),
@@ -74,10 +74,10 @@ pub async fn reconcile(pool: Arc<SandboxWarmPool>, ctx: Arc<Context>) -> Result<
 }
 
 /// Carries out a pass's writes, in its order.
-async fn write(pool: &SandboxWarmPool, pass: &decide::Pass<'_>, ctx: &Context) -> Result<()> {
+async fn write(pool: &SandboxWarmPool, plan: &decide::Plan<'_>, ctx: &Context) -> Result<()> {
     let namespace = pool.namespace().unwrap_or_default();
     let api: Api<Sandbox> = Api::namespaced(ctx.client.clone(), &namespace);
-    for (orphan, patch) in &pass.orphans {
+    for (orphan, patch) in &plan.orphans {
         let name = orphan.name_any();
         match api
             .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
@@ -95,7 +95,7 @@ async fn write(pool: &SandboxWarmPool, pass: &decide::Pass<'_>, ctx: &Context) -
             }
         }
     }
-    for (member, reason) in &pass.delete {
+    for (member, reason) in &plan.delete {
         let name = member.name_any();
         let params = DeleteParams {
             preconditions: Some(Preconditions {
@@ -118,7 +118,7 @@ async fn write(pool: &SandboxWarmPool, pass: &decide::Pass<'_>, ctx: &Context) -
             }
         }
     }
-    if let Some(note) = &pass.not_progressing {
+    if let Some(note) = &plan.not_progressing {
         ctx.event(
             pool,
             true,
@@ -127,10 +127,10 @@ async fn write(pool: &SandboxWarmPool, pass: &decide::Pass<'_>, ctx: &Context) -
             note.clone(),
         );
     }
-    if let Some(status) = &pass.status {
+    if let Some(status) = &plan.status {
         super::apply_status(pool, status, ctx).await?;
     }
-    if let Some((member, count)) = &pass.create {
+    if let Some((member, count)) = &plan.create {
         create_members(&api, member, *count, pool, ctx).await?;
     }
     Ok(())
