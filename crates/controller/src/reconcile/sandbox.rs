@@ -278,29 +278,11 @@ fn cached_pods(sandbox: &Sandbox, ctx: &Context) -> (Option<Pod>, Vec<Pod>) {
 async fn reconcile_pod(sandbox: &Sandbox, ctx: &Context) -> Result<Option<Pod>, PodError> {
     let (namespace, name) = names(sandbox);
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
-    let sandboxes: Api<Sandbox> = Api::namespaced(ctx.client.clone(), &namespace);
     let (tracked, owned) = cached_pods(sandbox, ctx);
     if owned.len() > 1 {
         return Err(PodError::Multiple(owned.len()));
     }
-    let clear_pod_name = || async {
-        if decide::has_pod_name_annotation(sandbox) {
-            sandboxes
-                .patch(
-                    &name,
-                    &PatchParams::default(),
-                    &Patch::Merge(&decide::clear_pod_name_patch()),
-                )
-                .await
-                .map_err(kube_err(
-                    "clear the pod-name annotation of",
-                    KIND,
-                    &namespace,
-                    &name,
-                ))?;
-        }
-        Ok::<(), Error>(())
-    };
+    let clear_pod_name = || clear_pod_name(sandbox, ctx);
     // The owned pod wins over a tracked one that is not ours.
     let mut pod = match (tracked, owned.into_iter().next()) {
         (Some(tracked), Some(owned)) if tracked.name_any() != owned.name_any() => {
@@ -380,28 +362,13 @@ async fn existing_pod(
     api: &Api<Pod>,
     ctx: &Context,
 ) -> Result<Option<Pod>, PodError> {
-    let (namespace, name) = names(sandbox);
+    let namespace = sandbox.namespace().unwrap_or_default();
     let pod_name = pod.name_any();
     let mut patch = match decide::child_decision(sandbox, "pod", &pod.metadata) {
         ChildDecision::Refuse(reason) => {
-            if decide::has_pod_name_annotation(sandbox) {
-                let sandboxes: Api<Sandbox> = Api::namespaced(ctx.client.clone(), &namespace);
-                sandboxes
-                    .patch(
-                        &name,
-                        &PatchParams::default(),
-                        &Patch::Merge(&decide::clear_pod_name_patch()),
-                    )
-                    .await
-                    .map_err(|e| {
-                        PodError::Other(
-                            None,
-                            kube_err("clear the pod-name annotation of", KIND, &namespace, &name)(
-                                e,
-                            ),
-                        )
-                    })?;
-            }
+            clear_pod_name(sandbox, ctx)
+                .await
+                .map_err(|e| PodError::Other(None, e))?;
             return Err(PodError::Other(None, Error::Ownership(reason)));
         }
         ChildDecision::Adopt => decide::adopt_child_patch(sandbox, &pod.metadata),
@@ -423,6 +390,29 @@ async fn existing_pod(
             kube_err("patch metadata of", "Pod", &namespace, &pod_name)(error),
         )),
     }
+}
+
+/// Removes the sandbox's `pod-name` annotation, when it has one (its pod is gone or not its own).
+async fn clear_pod_name(sandbox: &Sandbox, ctx: &Context) -> Result<()> {
+    if !decide::has_pod_name_annotation(sandbox) {
+        return Ok(());
+    }
+    let (namespace, name) = names(sandbox);
+    let sandboxes: Api<Sandbox> = Api::namespaced(ctx.client.clone(), &namespace);
+    sandboxes
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(&decide::clear_pod_name_patch()),
+        )
+        .await
+        .map(drop)
+        .map_err(kube_err(
+            "clear the pod-name annotation of",
+            KIND,
+            &namespace,
+            &name,
+        ))
 }
 
 /// Deep-merges `other` into `base` (objects merged key by key, anything else replaced).
