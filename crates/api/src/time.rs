@@ -5,7 +5,7 @@
 //! `9999-12-30T22:00:00.999999999Z` (so that any offset can be applied to it), while RFC 3339 and
 //! the API server accept every instant up to `9999-12-31T23:59:59.999999999Z`. A user writing
 //! that far future as "never" (`shutdownTime: 9999-12-31T23:59:59Z`) must not make the object
-//! undecodable, so [`parse`] saturates to `Timestamp::MAX`, and [`format`] writes
+//! undecodable, so [`parse`] saturates to `Timestamp::MAX`, and [`format()`] writes
 //! `Timestamp::MAX` back as [`END_OF_TIME`]: the round trip of that value is exact.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -14,7 +14,7 @@ use k8s_openapi::jiff::civil::DateTime;
 use k8s_openapi::jiff::tz::Offset;
 use serde::{Deserialize, Deserializer, Serializer};
 
-/// The last second RFC 3339 can write, which [`format`] gives for `Timestamp::MAX`.
+/// The last second RFC 3339 can write, which [`format()`] gives for `Timestamp::MAX`.
 pub const END_OF_TIME: &str = "9999-12-31T23:59:59Z";
 
 /// Parses an RFC 3339 `date-time` (`2026-01-02T15:04:05Z`, `2026-01-02T15:04:05.5+01:00`):

@@ -1,5 +1,5 @@
 //! The four reconcilers. Each reads the shared caches, asks [`crate::decide`] what to do, and
-//! performs the writes; [`apply_status`] is the one way they write a status.
+//! performs the writes; `apply_status` is the one way they write a status.
 
 pub mod claim;
 pub mod sandbox;
