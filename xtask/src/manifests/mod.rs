@@ -21,7 +21,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::Command;
 
-use agent_sandbox_api::{SandboxClaim, SandboxTemplate, SandboxWarmPool, labels, wire};
+use agent_sandbox_api::{
+    API_VERSION, EXTENSIONS_API_VERSION, SandboxClaim, SandboxTemplate, SandboxWarmPool, kinds,
+    labels, wire,
+};
 use anyhow::{Context as _, Result, bail};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service, ServiceAccount};
@@ -259,22 +262,15 @@ pub(crate) fn check_strict(object: &Value) -> Result<()> {
         ("apiextensions.k8s.io/v1", "CustomResourceDefinition") => {
             round_trip::<CustomResourceDefinition>(object)
         }
-        (agent_sandbox_api::EXTENSIONS_API_VERSION, agent_sandbox_api::kinds::SANDBOX_TEMPLATE) => {
-            round_trip::<SandboxTemplate>(object)
-                .and_then(|()| crd_schema::<SandboxTemplate>(object))
-        }
-        (
-            agent_sandbox_api::EXTENSIONS_API_VERSION,
-            agent_sandbox_api::kinds::SANDBOX_WARM_POOL,
-        ) => round_trip::<SandboxWarmPool>(object)
+        (EXTENSIONS_API_VERSION, kinds::SANDBOX_TEMPLATE) => round_trip::<SandboxTemplate>(object)
+            .and_then(|()| crd_schema::<SandboxTemplate>(object)),
+        (EXTENSIONS_API_VERSION, kinds::SANDBOX_WARM_POOL) => round_trip::<SandboxWarmPool>(object)
             .and_then(|()| crd_schema::<SandboxWarmPool>(object)),
-        (agent_sandbox_api::EXTENSIONS_API_VERSION, agent_sandbox_api::kinds::SANDBOX_CLAIM) => {
+        (EXTENSIONS_API_VERSION, kinds::SANDBOX_CLAIM) => {
             round_trip::<SandboxClaim>(object).and_then(|()| crd_schema::<SandboxClaim>(object))
         }
-        (agent_sandbox_api::API_VERSION, agent_sandbox_api::kinds::SANDBOX) => {
-            round_trip::<agent_sandbox_api::Sandbox>(object)
-                .and_then(|()| crd_schema::<agent_sandbox_api::Sandbox>(object))
-        }
+        (API_VERSION, kinds::SANDBOX) => round_trip::<agent_sandbox_api::Sandbox>(object)
+            .and_then(|()| crd_schema::<agent_sandbox_api::Sandbox>(object)),
         (flux::KUSTOMIZE_API, "Kustomization") => round_trip::<flux::Kustomization>(object),
         (flux::SOURCE_API, "GitRepository") => {
             round_trip::<flux::Object<flux::GitRepositorySpec>>(object)
@@ -694,12 +690,7 @@ mod tests {
             "{error}"
         );
 
-        let mut template = object(
-            &objects,
-            agent_sandbox_api::kinds::SANDBOX_TEMPLATE,
-            "python-runtime",
-        )
-        .clone();
+        let mut template = object(&objects, kinds::SANDBOX_TEMPLATE, "python-runtime").clone();
         check_strict(&template).unwrap();
         template["spec"]["podTemplate"]["spec"]["containers"][0]["imagePullPolicyy"] =
             "Always".into();
@@ -1001,21 +992,14 @@ mod tests {
         .unwrap();
         let path = sandboxes.spec.path.clone().unwrap();
         let objects = render_with_images(&root, &path, &sandboxes.spec.images).unwrap();
-        let pool_object = object(
-            &objects,
-            agent_sandbox_api::kinds::SANDBOX_WARM_POOL,
-            "python-sandbox-pool",
-        );
+        let pool_object = object(&objects, kinds::SANDBOX_WARM_POOL, "python-sandbox-pool");
         let namespace = pool_object["metadata"]["namespace"]
             .as_str()
             .unwrap()
             .to_owned();
         let replicas = pool_object["spec"]["replicas"].as_i64().unwrap();
-        let image = object(
-            &objects,
-            agent_sandbox_api::kinds::SANDBOX_TEMPLATE,
-            "python-runtime",
-        )["spec"]["podTemplate"]["spec"]["containers"][0]["image"]
+        let image = object(&objects, kinds::SANDBOX_TEMPLATE, "python-runtime")["spec"]["podTemplate"]
+            ["spec"]["containers"][0]["image"]
             .as_str()
             .unwrap()
             .to_owned();
