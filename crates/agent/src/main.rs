@@ -15,13 +15,10 @@ use agent_sandbox_agent::retry::Backoff;
 use agent_sandbox_agent::session::{self, SessionOptions};
 use agent_sandbox_agent::tools::{ToolLimits, error_chain};
 use agent_sandbox_agent::{ApiKey, Error, MessagesClient, MessagesConfig};
+use agent_sandbox_api::units::{parse_duration, parse_size_usize};
 use agent_sandbox_local::{DEFAULT_POOL, LocalConfig};
 use anyhow::{Context as _, bail};
 use clap::Parser;
-
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    agent_sandbox_controller::config::parse_duration(text)
-}
 
 /// An LLM agent whose every tool call runs in a sandbox claimed from a warm pool.
 ///
@@ -80,7 +77,7 @@ struct Args {
     #[arg(long, env = ENV_BASE_URL, default_value = DEFAULT_BASE_URL, value_name = "URL")]
     base_url: String,
     /// Bytes of each command output stream or file shown to the model.
-    #[arg(long, default_value_t = 16 * 1024, value_name = "BYTES")]
+    #[arg(long, default_value = "16KiB", value_parser = parse_size_usize, value_name = "BYTES")]
     tool_output_limit: usize,
     /// Timeout of a command when the model names none.
     #[arg(long, default_value = "2m", value_parser = parse_duration, value_name = "DURATION")]

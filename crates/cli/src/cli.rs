@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use agent_sandbox::args::ConnectArgs;
+use agent_sandbox_api::units::parse_duration;
 use agent_sandbox_local::Isolation;
 use clap::{Args, Parser, Subcommand};
 
@@ -16,43 +17,6 @@ pub use agent_sandbox::args::{ENV_ROUTER_TOKEN, ENV_ROUTER_URL, ENV_SIGNING_KEY_
 /// Lifetime of a claim made by `claim` and `run` unless `--ttl` says otherwise, so that a
 /// client killed before it deletes its claim leaves nothing for ever.
 pub const DEFAULT_CLAIM_TTL: &str = "1h";
-
-/// The longest duration any flag takes: [`agent_sandbox::MAX_TTL`], 10 years. A claim or token
-/// can not outlive it, and no deadline arithmetic can overflow below it.
-pub const MAX_DURATION: Duration = agent_sandbox::MAX_TTL;
-/// [`MAX_DURATION`] as the errors name it.
-pub const MAX_DURATION_TEXT: &str = "87600h (10 years)";
-
-/// Parses a duration flag: a decimal number with a unit `ms`, `s`, `m` or `h` (`500ms`, `30s`,
-/// `1.5h`; a bare number is seconds), at most [`MAX_DURATION`]. Longer, even too long to
-/// represent, is an error naming the maximum, never a silently different duration.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let (number, unit) = text
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .map_or((text, "s"), |at| text.split_at(at));
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("invalid duration {text:?}: expected e.g. 500ms, 30s, 5m, 1h"))?;
-    let unit_seconds = match unit {
-        "ms" => 0.001,
-        "s" => 1.0,
-        "m" => 60.0,
-        "h" => 3600.0,
-        _ => {
-            return Err(format!(
-                "invalid duration unit in {text:?}: use ms, s, m or h"
-            ));
-        }
-    };
-    let seconds = value * unit_seconds;
-    if !seconds.is_finite() || seconds > MAX_DURATION.as_secs_f64() {
-        return Err(format!(
-            "duration {text:?} is too long: the maximum is {MAX_DURATION_TEXT}"
-        ));
-    }
-    Duration::try_from_secs_f64(seconds).map_err(|_| format!("invalid duration {text:?}"))
-}
 
 /// Sandboxes for AI-agent code: a local cluster with no Docker, one-shot runs, and day-to-day
 /// work with claims on any cluster.

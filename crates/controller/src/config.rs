@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use agent_sandbox_api::units::parse_duration;
 use agent_sandbox_api::wire::controller_flags;
 use agent_sandbox_api::{labels, wire};
 use clap::Parser;
@@ -144,29 +145,6 @@ pub const DEFAULT_WARM_POOL_MAX_REPLICAS: usize = 1000;
 /// Default of `--sandbox-warm-pool-max-create-rate`: a 1000-member pool fills in ten seconds,
 /// at half the pace that was seen to crowd out other API writers.
 pub const DEFAULT_WARM_POOL_MAX_CREATE_RATE: u32 = 100;
-
-/// Parses `300ms`, `2s`, `5m`, `1h` (or a bare number of seconds).
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let (number, unit) = text
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .map_or((text, "s"), |at| text.split_at(at));
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("invalid duration {text:?}: expected e.g. 500ms, 30s, 5m, 1h"))?;
-    let seconds = match unit {
-        "ms" => value / 1000.0,
-        "s" => value,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        _ => {
-            return Err(format!(
-                "invalid duration unit in {text:?}: use ms, s, m or h"
-            ));
-        }
-    };
-    Duration::try_from_secs_f64(seconds).map_err(|_| format!("invalid duration {text:?}"))
-}
 
 /// Parses `key=value,key2=value2`.
 pub fn parse_labels(text: &str) -> Result<BTreeMap<String, String>, String> {
@@ -376,6 +354,16 @@ mod tests {
         assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
         assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
         assert!(parse_duration("2 days").is_err());
+        // The flags take the one syntax of every binary, Go's compound form included.
+        let args = Args::parse_from([
+            "agent-sandbox-controller",
+            "--lease-duration",
+            "1m30s",
+            "--claim-warm-wait",
+            "1.5",
+        ]);
+        assert_eq!(args.lease_duration, Duration::from_secs(90));
+        assert_eq!(args.claim_warm_wait, Duration::from_millis(1500));
     }
 
     #[test]

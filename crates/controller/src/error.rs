@@ -1,4 +1,6 @@
-//! The controller's one error type.
+//! The controller's one error type, and its classes.
+
+use crate::reconcile::Reconciler;
 
 /// Everything that can go wrong in the controller. Variants name the operation and the object.
 #[derive(Debug, thiserror::Error)]
@@ -63,7 +65,7 @@ pub enum Error {
     #[error("{controller} reconcile of {object} did not finish within {after:?}")]
     Timeout {
         /// Which reconciler.
-        controller: &'static str,
+        controller: Reconciler,
         /// `namespace/name`.
         object: String,
         /// The limit.
@@ -83,19 +85,60 @@ pub enum Error {
 /// Result with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-impl Error {
-    /// A short, bounded label naming the variant, for the reconcile-error metric.
-    pub fn metric_label(&self) -> &'static str {
+/// What kind of failure an [`Error`] is: the `error` label of
+/// `agent_sandbox_reconcile_errors_total`, and what the error policy decides the retry by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorClass {
+    /// A write lost to a concurrent one (409): the cache is behind; normal, retried soon.
+    Conflict,
+    /// Any other failed API call.
+    Kube,
+    /// A child object belongs to someone else.
+    Ownership,
+    /// A CRD is missing or could not be checked.
+    Crd,
+    /// No Kubernetes client could be built.
+    Client,
+    /// A listener could not start.
+    Listen,
+    /// Leadership was lost.
+    Leadership,
+    /// An object could not be encoded.
+    Encode,
+    /// A reconcile pass took too long.
+    Timeout,
+}
+
+impl ErrorClass {
+    /// The metric label (short and bounded).
+    pub fn as_str(self) -> &'static str {
         match self {
-            Error::Kube { source, .. } if is_conflict(source) => "conflict",
-            Error::Kube { .. } => "kube",
-            Error::Ownership(_) => "ownership",
-            Error::CrdMissing { .. } | Error::CrdCheck { .. } => "crd",
-            Error::Client(_) => "client",
-            Error::Listen { .. } => "listen",
-            Error::LeadershipLost { .. } => "leadership",
-            Error::Encode { .. } => "encode",
-            Error::Timeout { .. } => "timeout",
+            Self::Conflict => "conflict",
+            Self::Kube => "kube",
+            Self::Ownership => "ownership",
+            Self::Crd => "crd",
+            Self::Client => "client",
+            Self::Listen => "listen",
+            Self::Leadership => "leadership",
+            Self::Encode => "encode",
+            Self::Timeout => "timeout",
+        }
+    }
+}
+
+impl Error {
+    /// The class of this error.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Error::Kube { source, .. } if is_conflict(source) => ErrorClass::Conflict,
+            Error::Kube { .. } => ErrorClass::Kube,
+            Error::Ownership(_) => ErrorClass::Ownership,
+            Error::CrdMissing { .. } | Error::CrdCheck { .. } => ErrorClass::Crd,
+            Error::Client(_) => ErrorClass::Client,
+            Error::Listen { .. } => ErrorClass::Listen,
+            Error::LeadershipLost { .. } => ErrorClass::Leadership,
+            Error::Encode { .. } => ErrorClass::Encode,
+            Error::Timeout { .. } => ErrorClass::Timeout,
         }
     }
 }

@@ -118,8 +118,8 @@ mod tests {
 
     fn pool(name: &str, replicas: Value) -> Value {
         json!({
-            "apiVersion": "extensions.agents.x-k8s.io/v1beta1",
-            "kind": "SandboxWarmPool",
+            "apiVersion": agent_sandbox_api::EXTENSIONS_API_VERSION,
+            "kind": agent_sandbox_api::kinds::SANDBOX_WARM_POOL,
             "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}"),
                          "resourceVersion": "7"},
             "spec": {"replicas": replicas, "sandboxTemplateRef": {"name": "python"}}
@@ -131,7 +131,7 @@ mod tests {
     #[test]
     fn one_bad_item_does_not_fail_the_list() {
         let list = json!({
-            "apiVersion": "extensions.agents.x-k8s.io/v1beta1",
+            "apiVersion": agent_sandbox_api::EXTENSIONS_API_VERSION,
             "kind": "SandboxWarmPoolList",
             "metadata": {"resourceVersion": "9"},
             "items": [pool("good", json!(3)), pool("huge", json!(2_147_483_648_i64))]

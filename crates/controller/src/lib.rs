@@ -36,7 +36,8 @@ use tokio::task::JoinSet;
 
 pub use config::{Args, Config};
 pub use context::Context;
-pub use error::{Error, Result};
+pub use error::{Error, ErrorClass, Result};
+pub use reconcile::Reconciler;
 
 /// Checks that the four CRDs are installed, with an error that says how to install them.
 pub async fn check_crds(client: &Client) -> Result<()> {
@@ -53,14 +54,14 @@ pub async fn check_crds(client: &Client) -> Result<()> {
 }
 
 fn error_policy<K: Resource>(
-    controller: &'static str,
+    controller: Reconciler,
 ) -> impl Fn(Arc<K>, &Error, Arc<Context>) -> Action {
     move |object, error, ctx| {
-        ctx.metrics
-            .reconcile_failed(controller, error.metric_label());
+        let class = error.class();
+        ctx.metrics.reconcile_failed(controller, class);
         tracing::warn!(%controller, object = %context::key(object.as_ref()), %error, "reconcile failed");
         // A conflict means the cache is behind a write: look again soon, with a fresh view.
-        let retry = if error.metric_label() == "conflict" {
+        let retry = if class == ErrorClass::Conflict {
             std::time::Duration::from_millis(100)
         } else {
             std::time::Duration::from_secs(2)
@@ -75,7 +76,7 @@ const RECONCILE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30
 
 /// Wraps a reconciler with [`RECONCILE_TIMEOUT`] and a debug line per outcome.
 fn bounded<K, F, Fut>(
-    controller: &'static str,
+    controller: Reconciler,
     reconcile: F,
 ) -> impl FnMut(Arc<K>, Arc<Context>) -> futures::future::BoxFuture<'static, Result<Action>>
 where
@@ -197,8 +198,8 @@ pub async fn run(
         .with_config(controller::Config::default().concurrency(sandbox_workers))
         .graceful_shutdown_on(shutdown.clone())
         .run(
-            bounded("sandbox", reconcile::sandbox::reconcile),
-            error_policy::<Sandbox>("sandbox"),
+            bounded(Reconciler::Sandbox, reconcile::sandbox::reconcile),
+            error_policy::<Sandbox>(Reconciler::Sandbox),
             ctx.clone(),
         )
         .map(quiet)
@@ -209,8 +210,8 @@ pub async fn run(
         .with_config(controller::Config::default().concurrency(2))
         .graceful_shutdown_on(shutdown.clone())
         .run(
-            bounded("template", reconcile::template::reconcile),
-            error_policy::<SandboxTemplate>("template"),
+            bounded(Reconciler::Template, reconcile::template::reconcile),
+            error_policy::<SandboxTemplate>(Reconciler::Template),
             ctx.clone(),
         )
         .map(quiet)
@@ -244,8 +245,8 @@ pub async fn run(
         .with_config(controller::Config::default().concurrency(pool_workers))
         .graceful_shutdown_on(shutdown.clone())
         .run(
-            bounded("warmpool", reconcile::warm_pool::reconcile),
-            error_policy::<SandboxWarmPool>("warmpool"),
+            bounded(Reconciler::WarmPool, reconcile::warm_pool::reconcile),
+            error_policy::<SandboxWarmPool>(Reconciler::WarmPool),
             ctx.clone(),
         )
         .map(quiet)
@@ -304,8 +305,8 @@ pub async fn run(
         .with_config(controller::Config::default().concurrency(claim_workers))
         .graceful_shutdown_on(shutdown.clone())
         .run(
-            bounded("claim", reconcile::claim::reconcile),
-            error_policy::<SandboxClaim>("claim"),
+            bounded(Reconciler::Claim, reconcile::claim::reconcile),
+            error_policy::<SandboxClaim>(Reconciler::Claim),
             ctx.clone(),
         )
         .map(quiet)

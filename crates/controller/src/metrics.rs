@@ -18,6 +18,8 @@ use prometheus_client::registry::Registry;
 
 use crate::cache::Caches;
 use crate::decide::{controller_of, find_condition};
+use crate::error::ErrorClass;
+use crate::reconcile::Reconciler;
 
 /// Labels of the claim latency histograms.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -31,10 +33,10 @@ pub struct ClaimLabels {
 /// Labels of the reconcile error counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
-    /// `sandbox`, `template`, `warmpool` or `claim`.
-    pub controller: String,
-    /// The error variant (see `Error::metric_label`).
-    pub error: String,
+    /// The reconciler ([`Reconciler::as_str`]: `sandbox`, `template`, `warmpool` or `claim`).
+    pub controller: &'static str,
+    /// The error class ([`ErrorClass::as_str`]).
+    pub error: &'static str,
 }
 
 /// Labels of the claim creation counter.
@@ -122,11 +124,11 @@ impl Metrics {
     }
 
     /// Counts a failed reconcile.
-    pub fn reconcile_failed(&self, controller: &str, error: &str) {
+    pub fn reconcile_failed(&self, controller: Reconciler, error: ErrorClass) {
         self.reconcile_errors
             .get_or_create(&ErrorLabels {
-                controller: controller.to_owned(),
-                error: error.to_owned(),
+                controller: controller.as_str(),
+                error: error.as_str(),
             })
             .inc();
     }

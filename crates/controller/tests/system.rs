@@ -364,7 +364,7 @@ async fn a_pool_fills_and_a_claim_adopts_a_running_member_then_the_pool_refills(
     let owner = &adopted.metadata.owner_references.as_ref().unwrap()[0];
     assert_eq!(
         (owner.kind.as_str(), owner.name.as_str()),
-        ("SandboxClaim", "claim-a")
+        (agent_sandbox_api::kinds::SANDBOX_CLAIM, "claim-a")
     );
     assert_eq!(
         adopted
@@ -1001,8 +1001,8 @@ async fn an_undecodable_pool_is_reported_and_skipped_while_the_rest_reconciles()
     );
     let huge = |name: &str| -> DynamicObject {
         serde_json::from_value(json!({
-            "apiVersion": "extensions.agents.x-k8s.io/v1beta1",
-            "kind": "SandboxWarmPool",
+            "apiVersion": agent_sandbox_api::EXTENSIONS_API_VERSION,
+            "kind": agent_sandbox_api::kinds::SANDBOX_WARM_POOL,
             "metadata": {"name": name},
             "spec": {"replicas": 2_147_483_648_i64, "sandboxTemplateRef": {"name": "python"}}
         }))

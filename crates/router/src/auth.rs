@@ -10,14 +10,14 @@
 //!   another sandbox gets 403.
 
 use agent_sandbox_api::token::{self, TokenError};
-use http::{HeaderMap, StatusCode, header};
+use http::{HeaderMap, header};
 use subtle::ConstantTimeEq as _;
 
 use crate::config::Auth;
-use crate::reject::Rejection;
+use crate::reject::{Reason, Rejection};
 
 fn unauthenticated(detail: String) -> Rejection {
-    Rejection::new(StatusCode::UNAUTHORIZED, "unauthenticated", detail)
+    Rejection::new(Reason::Unauthenticated, detail)
 }
 
 /// The bearer token of `headers`, if there is exactly one well-formed `Authorization: Bearer`.
@@ -70,8 +70,7 @@ pub(crate) fn authorize(
                     }
                     Ok(claims) => {
                         return Err(Rejection::new(
-                            StatusCode::FORBIDDEN,
-                            "forbidden",
+                            Reason::Forbidden,
                             format!(
                                 "The scoped token is for sandbox {}/{}, not for sandbox {sandbox}.",
                                 claims.namespace, claims.name
@@ -105,6 +104,7 @@ mod tests {
     use crate::config::Secret;
     use agent_sandbox_api::token::Claims;
     use http::HeaderValue;
+    use http::StatusCode;
     use pretty_assertions::assert_eq;
 
     const KEY: &[u8] = b"0123456789abcdef0123456789abcdef";

@@ -19,6 +19,7 @@ use hyper::body::Incoming;
 use tokio::time::Sleep;
 
 use crate::metrics::Metrics;
+use crate::reject::Reason;
 
 /// Boxed error of the bodies.
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -164,7 +165,8 @@ pub(crate) struct Finish {
     access_log: bool,
     pub(crate) sandbox: Option<String>,
     pub(crate) status: u16,
-    pub(crate) reason: &'static str,
+    /// Why the router answered itself, if it did.
+    pub(crate) reason: Option<Reason>,
     pub(crate) outcome: Outcome,
     pub(crate) bytes_out: u64,
 }
@@ -191,7 +193,7 @@ impl Finish {
             access_log,
             sandbox: None,
             status: 0,
-            reason: "",
+            reason: None,
             outcome: Outcome::Aborted,
             bytes_out: 0,
         }
@@ -210,7 +212,7 @@ impl Drop for Finish {
                 path = %self.path,
                 sandbox = self.sandbox.as_deref().unwrap_or("-"),
                 status = self.status,
-                reason = self.reason,
+                reason = self.reason.map_or("", Reason::as_str),
                 outcome = self.outcome.as_str(),
                 bytes_out = self.bytes_out,
                 duration_ms = elapsed.as_secs_f64() * 1e3,
@@ -266,9 +268,9 @@ impl ResponseBody {
         {
             finish.outcome = outcome;
             if outcome == Outcome::DeadlinePassed {
-                finish.metrics.upstream_error("timeout");
+                finish.metrics.upstream_error(Reason::Timeout);
             } else if outcome == Outcome::UpstreamFailed {
-                finish.metrics.upstream_error("upstream");
+                finish.metrics.upstream_error(Reason::Upstream);
             }
         }
     }

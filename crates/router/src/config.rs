@@ -8,11 +8,12 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use agent_sandbox_api::names::is_dns_label;
 use agent_sandbox_api::token;
+use agent_sandbox_api::units::{parse_positive_duration, parse_size, parse_size_usize};
 use agent_sandbox_api::wire::ROUTER_PORT;
 
 use crate::error::{Error, Result};
-use crate::headers::is_dns_label;
 
 /// Shortest accepted static bearer token, in bytes after trimming whitespace.
 pub const MIN_STATIC_TOKEN_BYTES: usize = 32;
@@ -65,7 +66,7 @@ pub mod defaults {
 impl Config {
     /// The defaults, listening on `listen`, with no authentication (for embedding and tests).
     pub fn new(listen: SocketAddr) -> Self {
-        let secs = |s: &str| parse_seconds(s).unwrap_or(Duration::from_secs(1));
+        let secs = |s: &str| parse_positive_duration(s).unwrap_or(Duration::from_secs(1));
         let size = |s: &str| parse_size(s).unwrap_or(1 << 20);
         Self {
             listen,
@@ -74,7 +75,7 @@ impl Config {
             connect_timeout: secs(defaults::CONNECT_TIMEOUT_SECONDS),
             connect_retries: defaults::CONNECT_RETRIES,
             max_body_bytes: size(defaults::MAX_BODY_BYTES),
-            max_header_bytes: usize::try_from(size(defaults::MAX_HEADER_BYTES)).unwrap_or(32 << 10),
+            max_header_bytes: parse_size_usize(defaults::MAX_HEADER_BYTES).unwrap_or(32 << 10),
             shutdown_grace: secs(defaults::SHUTDOWN_GRACE_SECONDS),
             namespace: None,
             access_log: true,
@@ -180,11 +181,11 @@ pub struct Args {
     pub signing_key_file: Vec<PathBuf>,
     /// Deadline of a request without X-Sandbox-Timeout, and the cap on that header (seconds).
     #[arg(long = "max-timeout-seconds", env = "SANDBOX_ROUTER_MAX_TIMEOUT_SECONDS",
-          default_value = defaults::MAX_TIMEOUT_SECONDS, value_parser = parse_seconds)]
+          default_value = defaults::MAX_TIMEOUT_SECONDS, value_parser = parse_positive_duration)]
     pub max_timeout: Duration,
     /// Time one TCP connect attempt to a sandbox pod may take (seconds).
     #[arg(long = "connect-timeout-seconds", env = "SANDBOX_ROUTER_CONNECT_TIMEOUT_SECONDS",
-          default_value = defaults::CONNECT_TIMEOUT_SECONDS, value_parser = parse_seconds)]
+          default_value = defaults::CONNECT_TIMEOUT_SECONDS, value_parser = parse_positive_duration)]
     pub connect_timeout: Duration,
     /// Further connect attempts after a failed one, with backoff (nothing was sent yet).
     #[arg(long, env = "SANDBOX_ROUTER_CONNECT_RETRIES", default_value_t = defaults::CONNECT_RETRIES)]
@@ -199,7 +200,7 @@ pub struct Args {
     pub max_header_bytes: usize,
     /// Seconds in-flight requests and WebSocket tunnels get after SIGTERM.
     #[arg(long = "shutdown-grace-seconds", env = "SANDBOX_ROUTER_SHUTDOWN_GRACE_SECONDS",
-          default_value = defaults::SHUTDOWN_GRACE_SECONDS, value_parser = parse_seconds)]
+          default_value = defaults::SHUTDOWN_GRACE_SECONDS, value_parser = parse_positive_duration)]
     pub shutdown_grace: Duration,
     /// Watch Sandboxes and Pods in this namespace only (default: all namespaces).
     #[arg(long, env = "SANDBOX_ROUTER_NAMESPACE")]
@@ -210,7 +211,7 @@ pub struct Args {
     pub access_log: bool,
     /// Seconds an idle pooled connection to a sandbox pod is kept.
     #[arg(long = "pool-idle-seconds", env = "SANDBOX_ROUTER_POOL_IDLE_SECONDS",
-          default_value = defaults::POOL_IDLE_SECONDS, value_parser = parse_seconds)]
+          default_value = defaults::POOL_IDLE_SECONDS, value_parser = parse_positive_duration)]
     pub pool_idle_timeout: Duration,
 }
 
@@ -296,57 +297,13 @@ pub fn read_signing_key(path: &Path) -> Result<Secret> {
     Ok(secret)
 }
 
-/// Parses a positive number of seconds (`300`, `0.5`).
-pub fn parse_seconds(value: &str) -> std::result::Result<Duration, String> {
-    let seconds: f64 = value
-        .trim()
-        .parse()
-        .map_err(|_| format!("`{value}` is not a number of seconds"))?;
-    if !seconds.is_finite() || seconds <= 0.0 {
-        return Err(format!(
-            "`{value}` must be a finite number of seconds above 0"
-        ));
-    }
-    Duration::try_from_secs_f64(seconds).map_err(|e| format!("`{value}`: {e}"))
-}
-
-/// Parses a byte size: a number with an optional binary unit (`B`, `KiB`, `MiB`, `GiB`), above 0.
-pub fn parse_size(value: &str) -> std::result::Result<u64, String> {
-    let trimmed = value.trim();
-    let split = trimmed
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(trimmed.len());
-    let (digits, unit) = trimmed.split_at(split);
-    let number: u64 = digits
-        .parse()
-        .map_err(|_| format!("`{value}` is not a size (e.g. 4096, 64KiB, 16MiB, 1GiB)"))?;
-    let multiplier: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        _ => {
-            return Err(format!(
-                "`{value}` has an unknown unit (use B, KiB, MiB or GiB)"
-            ));
-        }
-    };
-    let bytes = number
-        .checked_mul(multiplier)
-        .ok_or_else(|| format!("`{value}` is too large"))?;
-    if bytes == 0 {
-        return Err(format!("`{value}` must be above 0"));
-    }
-    Ok(bytes)
-}
-
 /// Parses a header size limit: a size between 1 KiB and 16 MiB.
 fn parse_header_size(value: &str) -> std::result::Result<usize, String> {
-    let bytes = parse_size(value)?;
+    let bytes = parse_size_usize(value)?;
     if !(1 << 10..=16 << 20).contains(&bytes) {
         return Err(format!("`{value}` must be between 1KiB and 16MiB"));
     }
-    usize::try_from(bytes).map_err(|_| format!("`{value}` is too large"))
+    Ok(bytes)
 }
 
 #[cfg(test)]
@@ -475,16 +432,5 @@ mod tests {
             .into_config()
             .unwrap_err();
         assert!(matches!(error, Error::InvalidNamespace { .. }), "{error}");
-    }
-
-    #[test]
-    fn sizes_and_seconds() {
-        assert_eq!(parse_size("64KiB"), Ok(64 << 10));
-        assert_eq!(parse_size("16 GiB"), Ok(16 << 30));
-        assert!(parse_size("0").is_err());
-        assert!(parse_size("1TiB").is_err());
-        assert_eq!(parse_seconds("0.5"), Ok(Duration::from_millis(500)));
-        assert!(parse_seconds("nan").is_err());
-        assert!(parse_seconds("inf").is_err());
     }
 }

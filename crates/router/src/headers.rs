@@ -5,6 +5,7 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
+use agent_sandbox_api::names::is_dns_label;
 use agent_sandbox_api::wire::{DEFAULT_SANDBOX_NAMESPACE, RUNTIME_PORT, headers as wire};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
@@ -33,20 +34,6 @@ impl Routing {
     pub(crate) fn sandbox(&self) -> String {
         format!("{}/{}", self.namespace, self.id)
     }
-}
-
-/// Whether `value` is an RFC 1123 label: 1 to 63 of `[a-z0-9-]`, not starting or ending with `-`.
-/// Sandbox and namespace names are such labels, so a dot, a slash or anything else that could
-/// steer the router elsewhere is refused.
-pub fn is_dns_label(value: &str) -> bool {
-    let bytes = value.as_bytes();
-    !bytes.is_empty()
-        && bytes.len() <= 63
-        && bytes
-            .iter()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
-        && bytes.first() != Some(&b'-')
-        && bytes.last() != Some(&b'-')
 }
 
 /// The single value of header `name`, if present: `Err` when it is repeated or not visible ASCII.
@@ -343,28 +330,6 @@ mod tests {
             }
         );
         assert_eq!(routing.sandbox(), "team-a/box-1");
-    }
-
-    #[test]
-    fn dns_labels() {
-        for good in ["a", "my-sandbox", "0abc", &"a".repeat(63)] {
-            assert!(is_dns_label(good), "{good}");
-        }
-        for bad in [
-            "",
-            "-a",
-            "a-",
-            "A",
-            "a.b",
-            "a/b",
-            "..",
-            "a b",
-            "a_b",
-            &"a".repeat(64),
-            "é",
-        ] {
-            assert!(!is_dns_label(bad), "{bad}");
-        }
     }
 
     #[test]

@@ -19,14 +19,14 @@ use std::net::IpAddr;
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use agent_sandbox_api::wire::RUNTIME_PORT;
-use agent_sandbox_api::{Sandbox, annotations, conditions, labels, name_hash};
+use agent_sandbox_api::{Sandbox, annotations, conditions, kinds, labels, name_hash};
 use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 /// Kind of the warm-pool owner of unclaimed members.
-const WARM_POOL_KIND: &str = "SandboxWarmPool";
+const WARM_POOL_KIND: &str = kinds::SANDBOX_WARM_POOL;
 /// Kind a pod's controller must have.
-const SANDBOX_KIND: &str = "Sandbox";
+const SANDBOX_KIND: &str = kinds::SANDBOX;
 
 /// What the index keeps of a Sandbox.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -490,7 +490,7 @@ mod tests {
 
     fn owner(kind: &str, name: &str, uid: &str) -> OwnerReference {
         OwnerReference {
-            api_version: "agents.x-k8s.io/v1beta1".to_owned(),
+            api_version: agent_sandbox_api::API_VERSION.to_owned(),
             kind: kind.to_owned(),
             name: name.to_owned(),
             uid: uid.to_owned(),
@@ -533,7 +533,7 @@ mod tests {
                         .collect(),
                 ),
                 owner_references: Some(vec![owner(
-                    "Sandbox",
+                    kinds::SANDBOX,
                     &name,
                     sandbox.metadata.uid.as_deref().unwrap(),
                 )]),
@@ -654,7 +654,7 @@ mod tests {
         let mut index = synced();
         let mut sandbox = sandbox("pool-abcde");
         sandbox.metadata.owner_references =
-            Some(vec![owner("SandboxWarmPool", "pool", "uid-pool")]);
+            Some(vec![owner(kinds::SANDBOX_WARM_POOL, "pool", "uid-pool")]);
         index.apply_sandbox(&sandbox);
         index.apply_pod(&pod_of(&sandbox, "10.0.0.7"));
         assert_eq!(
@@ -664,7 +664,8 @@ mod tests {
             })
         );
         // Adoption: the claim becomes the controller.
-        sandbox.metadata.owner_references = Some(vec![owner("SandboxClaim", "claim", "uid-claim")]);
+        sandbox.metadata.owner_references =
+            Some(vec![owner(kinds::SANDBOX_CLAIM, "claim", "uid-claim")]);
         index.apply_sandbox(&sandbox);
         assert!(index.resolve("default", "pool-abcde").is_ok());
     }
@@ -707,7 +708,7 @@ mod tests {
 
         // Controlled by another UID (a recreated sandbox's stale pod).
         let mut stranger = good.clone();
-        stranger.metadata.owner_references = Some(vec![owner("Sandbox", "box", "uid-old")]);
+        stranger.metadata.owner_references = Some(vec![owner(kinds::SANDBOX, "box", "uid-old")]);
         index.apply_pod(&stranger);
         assert_eq!(
             index.resolve("default", "box"),

@@ -32,11 +32,10 @@ mod watch;
 use std::future::Future;
 
 pub use config::{
-    Args, Auth, AuthMode, Config, MIN_STATIC_TOKEN_BYTES, Secret, defaults, parse_seconds,
-    parse_size, read_signing_key, read_static_token,
+    Args, Auth, AuthMode, Config, MIN_STATIC_TOKEN_BYTES, Secret, defaults, read_signing_key,
+    read_static_token,
 };
 pub use error::{Error, Result};
-pub use headers::is_dns_label;
 pub use index::{Backend, Index, SharedIndex, Unroutable};
 pub use server::Router;
 pub use watch::watch;

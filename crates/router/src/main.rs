@@ -61,7 +61,7 @@ enum Command {
         #[arg(long)]
         sandbox: String,
         /// Lifetime of the token in seconds.
-        #[arg(long, default_value = "3600", value_parser = agent_sandbox_router::parse_seconds)]
+        #[arg(long, default_value = "3600", value_parser = agent_sandbox_api::units::parse_positive_duration)]
         ttl_seconds: Duration,
     },
 }
@@ -88,7 +88,7 @@ fn mint(
     ttl: Duration,
 ) -> anyhow::Result<()> {
     for (flag, value) in [("--namespace", namespace), ("--sandbox", sandbox)] {
-        if !agent_sandbox_router::is_dns_label(value) {
+        if !agent_sandbox_api::names::is_dns_label(value) {
             return Err(ConfigError(format!(
                 "{flag} {value:?} is not a DNS-1123 label (lowercase letters, digits and '-', at \
                  most 63 characters)"

@@ -9,6 +9,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::reject::Reason;
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
     method: &'static str,
@@ -99,9 +101,11 @@ impl Metrics {
         self.duration.observe(seconds);
     }
 
-    pub(crate) fn upstream_error(&self, reason: &'static str) {
+    pub(crate) fn upstream_error(&self, reason: Reason) {
         self.upstream_errors
-            .get_or_create(&ReasonLabels { reason })
+            .get_or_create(&ReasonLabels {
+                reason: reason.as_str(),
+            })
             .inc();
     }
 
@@ -154,7 +158,7 @@ mod tests {
             400,
             0.001,
         );
-        metrics.upstream_error("connect");
+        metrics.upstream_error(Reason::Connect);
         metrics.retried();
         let text = metrics.encode();
         for needle in [

@@ -27,7 +27,7 @@ use crate::headers::{
 };
 use crate::index::SharedIndex;
 use crate::metrics::Metrics;
-use crate::reject::{Rejection, json_response, shown};
+use crate::reject::{Reason, Rejection, json_response, shown};
 use crate::route;
 
 /// Idle pooled connections kept per pod.
@@ -107,11 +107,8 @@ impl Proxy {
         {
             Ok(response) => response,
             Err(rejection) => {
-                finish.reason = rejection.reason;
-                if matches!(
-                    rejection.reason,
-                    "connect" | "timeout" | "upstream" | "too_large" | "client"
-                ) {
+                finish.reason = Some(rejection.reason);
+                if rejection.reason.is_upstream_failure() {
                     self.metrics.upstream_error(rejection.reason);
                 }
                 if rejection.status.is_server_error() {
@@ -182,8 +179,7 @@ impl Proxy {
         let head = head_bytes(&parts.method, &parts.uri, &parts.headers);
         if head > self.max_header_bytes {
             return Err(Rejection::new(
-                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-                "headers_too_large",
+                Reason::HeadersTooLarge,
                 format!(
                     "Request line and headers are {head} bytes; the router accepts at most {}{}.",
                     self.max_header_bytes,
@@ -201,8 +197,7 @@ impl Proxy {
         finish.sandbox = Some(sandbox.clone());
         if parts.method == Method::CONNECT {
             return Err(Rejection::new(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method",
+                Reason::Method,
                 format!("CONNECT is not proxied (sandbox {sandbox})."),
             ));
         }
@@ -258,8 +253,7 @@ impl Proxy {
         let mut response = match sent {
             Err(_) => {
                 return Err(Rejection::new(
-                    StatusCode::GATEWAY_TIMEOUT,
-                    "timeout",
+                    Reason::Timeout,
                     format!(
                         "Timed out waiting for the backend sandbox {sandbox}: no answer within \
                          {}.",
@@ -272,14 +266,12 @@ impl Proxy {
                     self.too_large(&sandbox)
                 } else if flags.client_failed() {
                     Rejection::new(
-                        StatusCode::BAD_REQUEST,
-                        "client",
+                        Reason::Client,
                         format!("Reading the request body for sandbox {sandbox} failed."),
                     )
                 } else if error.is_connect() {
                     Rejection::new(
-                        StatusCode::BAD_GATEWAY,
-                        "connect",
+                        Reason::Connect,
                         format!(
                             "Could not connect to the backend sandbox {sandbox}: {}",
                             chain(&error)
@@ -288,8 +280,7 @@ impl Proxy {
                 } else {
                     // The request (or part of it) may have reached the sandbox: never replayed.
                     Rejection::new(
-                        StatusCode::BAD_GATEWAY,
-                        "upstream",
+                        Reason::Upstream,
                         format!(
                             "The backend sandbox {sandbox} failed to answer{}: {}",
                             if flags.started() {
@@ -309,8 +300,7 @@ impl Proxy {
         if switching {
             let Some(client_upgrade) = client_upgrade else {
                 return Err(Rejection::new(
-                    StatusCode::BAD_GATEWAY,
-                    "upstream",
+                    Reason::Upstream,
                     format!(
                         "The backend sandbox {sandbox} switched protocols without being asked to."
                     ),
@@ -329,8 +319,7 @@ impl Proxy {
 
     fn too_large(&self, sandbox: &str) -> Rejection {
         Rejection::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "too_large",
+            Reason::TooLarge,
             format!(
                 "Request body for sandbox {sandbox} exceeds the router's limit of {} bytes.",
                 self.max_body_bytes

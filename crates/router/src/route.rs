@@ -7,29 +7,23 @@
 
 use std::net::SocketAddr;
 
-use http::StatusCode;
-
 use crate::headers::Routing;
 use crate::index::{Backend, Unroutable};
-use crate::reject::{Rejection, shown};
+use crate::reject::{Reason, Rejection, shown};
 
 /// The refusal for a sandbox the index cannot route to: 404 (unknown, not Ready, unclaimed
 /// warm-pool member), or 503 while the index has not finished its initial lists.
 pub(crate) fn unroutable(routing: &Routing, why: &Unroutable) -> Rejection {
     let detail = why.describe(&routing.namespace, &routing.id);
     match why {
-        Unroutable::NotSynced => {
-            Rejection::new(StatusCode::SERVICE_UNAVAILABLE, "not_synced", detail)
-        }
-        Unroutable::NotFound => Rejection::new(StatusCode::NOT_FOUND, "not_found", detail),
-        Unroutable::WarmPoolMember { .. } => {
-            Rejection::new(StatusCode::NOT_FOUND, "warm_pool_member", detail)
-        }
+        Unroutable::NotSynced => Rejection::new(Reason::NotSynced, detail),
+        Unroutable::NotFound => Rejection::new(Reason::NotFound, detail),
+        Unroutable::WarmPoolMember { .. } => Rejection::new(Reason::WarmPoolMember, detail),
         Unroutable::NotReady { .. }
         | Unroutable::NoPod { .. }
         | Unroutable::PodNotControlled { .. }
         | Unroutable::PodTerminating { .. }
-        | Unroutable::NoPodIp { .. } => Rejection::new(StatusCode::NOT_FOUND, "not_ready", detail),
+        | Unroutable::NoPodIp { .. } => Rejection::new(Reason::NotReady, detail),
     }
 }
 
@@ -40,8 +34,7 @@ pub(crate) fn target(routing: &Routing, backend: &Backend) -> Result<SocketAddr,
         && *uid != backend.uid
     {
         return Err(Rejection::new(
-            StatusCode::NOT_FOUND,
-            "uid_mismatch",
+            Reason::UidMismatch,
             format!(
                 "Sandbox {sandbox} has UID {}, not {} (it was deleted and created again).",
                 backend.uid,
@@ -88,6 +81,7 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
     use super::*;
+    use http::StatusCode;
     use pretty_assertions::assert_eq;
 
     fn routing() -> Routing {

@@ -28,7 +28,7 @@ trait Indexed: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + S
 
 impl Indexed for Sandbox {
     type Entry = SandboxEntry;
-    const KIND: &'static str = "Sandbox";
+    const KIND: &'static str = agent_sandbox_api::kinds::SANDBOX;
     fn summary(&self) -> Option<(String, String, SandboxEntry)> {
         index::sandbox_entry(self)
     }

@@ -115,8 +115,11 @@ async fn a_warm_sandbox_without_service_is_reachable_and_an_unclaimed_one_is_not
     // A pool member as the warm-pool reconciler creates it: controlled by the pool, labelled,
     // no Service (spec.service unset, status.serviceFQDN empty), in a non-default namespace.
     let mut member = sandbox_in("team-a", "pool-x7k2p");
-    member.metadata.owner_references =
-        Some(vec![controller("SandboxWarmPool", "pool", "uid-pool")]);
+    member.metadata.owner_references = Some(vec![controller(
+        agent_sandbox_api::kinds::SANDBOX_WARM_POOL,
+        "pool",
+        "uid-pool",
+    )]);
     member.metadata.labels = Some(
         [
             (
@@ -156,8 +159,11 @@ async fn a_warm_sandbox_without_service_is_reachable_and_an_unclaimed_one_is_not
 
     // Adoption by a claim: the claim becomes the controller, the pool label goes.
     let mut adopted = member.clone();
-    adopted.metadata.owner_references =
-        Some(vec![controller("SandboxClaim", "my-claim", "uid-claim")]);
+    adopted.metadata.owner_references = Some(vec![controller(
+        agent_sandbox_api::kinds::SANDBOX_CLAIM,
+        "my-claim",
+        "uid-claim",
+    )]);
     adopted
         .metadata
         .labels

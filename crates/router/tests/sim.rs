@@ -55,7 +55,7 @@ async fn the_router_follows_a_sandbox_in_the_simulated_cluster() {
     let container = json!({"name": "runtime", "image": "sandbox-runtime:latest",
                            "ports": [{"containerPort": 8888}]});
     let sandbox: Sandbox = serde_json::from_value(json!({
-        "apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
+        "apiVersion": agent_sandbox_api::API_VERSION, "kind": agent_sandbox_api::kinds::SANDBOX,
         "metadata": {"name": "sim-box", "namespace": "default"},
         "spec": {"podTemplate": {"spec": {"containers": [container.clone()]}}}
     }))
@@ -69,7 +69,7 @@ async fn the_router_follows_a_sandbox_in_the_simulated_cluster() {
         "metadata": {
             "name": "sim-box", "namespace": "default",
             "labels": {labels::SANDBOX_NAME_HASH: name_hash("sim-box")},
-            "ownerReferences": [{"apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
+            "ownerReferences": [{"apiVersion": agent_sandbox_api::API_VERSION, "kind": agent_sandbox_api::kinds::SANDBOX,
                 "name": "sim-box", "uid": uid, "controller": true, "blockOwnerDeletion": true}]
         },
         "spec": {"containers": [container]}

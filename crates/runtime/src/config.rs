@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use agent_sandbox_api::units::{parse_positive_duration, parse_size};
 use agent_sandbox_api::wire::RUNTIME_PORT;
 
 /// Everything the runtime server needs to know.
@@ -96,7 +97,7 @@ impl Config {
     /// The defaults, listening on `listen` with `base_dir` (for embedding and tests).
     pub fn new(listen: SocketAddr, base_dir: impl Into<PathBuf>) -> Self {
         let size = |s: &str| parse_size(s).unwrap_or(0);
-        let secs = |s: &str| parse_seconds(s).unwrap_or(Duration::ZERO);
+        let secs = |s: &str| parse_positive_duration(s).unwrap_or(Duration::ZERO);
         Self {
             listen,
             base_dir: base_dir.into(),
@@ -145,7 +146,7 @@ pub struct Args {
     pub base_dir: PathBuf,
     /// Default command timeout in seconds (fractions allowed; > 0).
     #[arg(long = "exec-timeout-seconds", env = "SANDBOX_EXEC_TIMEOUT_SECONDS",
-          default_value = defaults::EXEC_TIMEOUT_SECONDS, value_parser = parse_seconds)]
+          default_value = defaults::EXEC_TIMEOUT_SECONDS, value_parser = parse_positive_duration)]
     pub exec_timeout: Duration,
     /// Cap on the bytes kept of each of stdout and stderr per command (`64KiB`, `16MiB`, bytes).
     #[arg(long, env = "SANDBOX_MAX_OUTPUT_BYTES", default_value = defaults::MAX_OUTPUT_BYTES,
@@ -169,7 +170,7 @@ pub struct Args {
     pub process_buffer_bytes: u64,
     /// Seconds a finished background process stays listed.
     #[arg(long = "finished-retention-seconds", env = "SANDBOX_FINISHED_RETENTION_SECONDS",
-          default_value = defaults::FINISHED_RETENTION_SECONDS, value_parser = parse_seconds)]
+          default_value = defaults::FINISHED_RETENTION_SECONDS, value_parser = parse_positive_duration)]
     pub finished_retention: Duration,
     /// Finished background processes that stay listed.
     #[arg(long, env = "SANDBOX_MAX_FINISHED_PROCESSES", default_value_t = defaults::MAX_FINISHED_PROCESSES,
@@ -177,11 +178,11 @@ pub struct Args {
     pub max_finished_processes: usize,
     /// Seconds to keep reading a command's output after its leader exits.
     #[arg(long = "drain-timeout-seconds", env = "SANDBOX_DRAIN_TIMEOUT_SECONDS",
-          default_value = defaults::DRAIN_TIMEOUT_SECONDS, value_parser = parse_seconds)]
+          default_value = defaults::DRAIN_TIMEOUT_SECONDS, value_parser = parse_positive_duration)]
     pub drain_timeout: Duration,
     /// Seconds in-flight requests get after SIGTERM.
     #[arg(long = "shutdown-grace-seconds", env = "SANDBOX_SHUTDOWN_GRACE_SECONDS",
-          default_value = defaults::SHUTDOWN_GRACE_SECONDS, value_parser = parse_seconds)]
+          default_value = defaults::SHUTDOWN_GRACE_SECONDS, value_parser = parse_positive_duration)]
     pub shutdown_grace: Duration,
     /// Tokio worker threads (0: one per CPU, at most 4).
     #[arg(long, env = "SANDBOX_WORKER_THREADS", default_value_t = 0)]
@@ -189,16 +190,16 @@ pub struct Args {
     /// Seconds a client has to send a request's headers (from connecting, or from the first
     /// byte of a later request).
     #[arg(long = "header-read-timeout-seconds", env = "SANDBOX_HEADER_READ_TIMEOUT_SECONDS",
-          default_value = defaults::HEADER_READ_TIMEOUT_SECONDS, value_parser = parse_seconds)]
+          default_value = defaults::HEADER_READ_TIMEOUT_SECONDS, value_parser = parse_positive_duration)]
     pub header_read_timeout: Duration,
     /// Seconds a request body may send nothing while it is read; then 400 and the connection
     /// is closed.
     #[arg(long = "body-idle-timeout-seconds", env = "SANDBOX_BODY_IDLE_TIMEOUT_SECONDS",
-          default_value = defaults::BODY_IDLE_TIMEOUT_SECONDS, value_parser = parse_seconds)]
+          default_value = defaults::BODY_IDLE_TIMEOUT_SECONDS, value_parser = parse_positive_duration)]
     pub body_idle_timeout: Duration,
     /// Seconds a keep-alive connection may be idle between requests.
     #[arg(long = "keepalive-idle-timeout-seconds", env = "SANDBOX_KEEPALIVE_IDLE_TIMEOUT_SECONDS",
-          default_value = defaults::KEEPALIVE_IDLE_TIMEOUT_SECONDS, value_parser = parse_seconds)]
+          default_value = defaults::KEEPALIVE_IDLE_TIMEOUT_SECONDS, value_parser = parse_positive_duration)]
     pub keepalive_idle_timeout: Duration,
     /// Connections served at once; more wait until one closes.
     #[arg(long, env = "SANDBOX_MAX_CONNECTIONS", default_value_t = defaults::MAX_CONNECTIONS,
@@ -246,51 +247,6 @@ impl Args {
     }
 }
 
-/// Parses a positive number of seconds (`300`, `0.5`).
-pub fn parse_seconds(value: &str) -> Result<Duration, String> {
-    let seconds: f64 = value
-        .trim()
-        .parse()
-        .map_err(|_| format!("`{value}` is not a number of seconds"))?;
-    if !seconds.is_finite() || seconds <= 0.0 {
-        return Err(format!(
-            "`{value}` must be a finite number of seconds above 0"
-        ));
-    }
-    Duration::try_from_secs_f64(seconds).map_err(|e| format!("`{value}`: {e}"))
-}
-
-/// Parses a byte size: a number with an optional unit (`B`, `KiB`/`K`, `MiB`/`M`, `GiB`/`G`,
-/// binary multiples), above 0.
-pub fn parse_size(value: &str) -> Result<u64, String> {
-    let trimmed = value.trim();
-    let split = trimmed
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(trimmed.len());
-    let (digits, unit) = trimmed.split_at(split);
-    let number: u64 = digits
-        .parse()
-        .map_err(|_| format!("`{value}` is not a size (e.g. 4096, 64KiB, 16MiB, 1GiB)"))?;
-    let multiplier: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        _ => {
-            return Err(format!(
-                "`{value}` has an unknown unit (use B, KiB, MiB or GiB)"
-            ));
-        }
-    };
-    let bytes = number
-        .checked_mul(multiplier)
-        .ok_or_else(|| format!("`{value}` is too large"))?;
-    if bytes == 0 {
-        return Err(format!("`{value}` must be above 0"));
-    }
-    Ok(bytes)
-}
-
 /// Parses a count above 0.
 pub fn parse_positive(value: &str) -> Result<usize, String> {
     match value.trim().parse::<usize>() {
@@ -308,30 +264,6 @@ mod tests {
     struct Cli {
         #[command(flatten)]
         args: Args,
-    }
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("64KiB"), Ok(64 << 10));
-        assert_eq!(parse_size("16 MiB"), Ok(16 << 20));
-        assert_eq!(parse_size("1g"), Ok(1 << 30));
-        assert!(parse_size("0").is_err());
-        assert!(parse_size("-1").is_err());
-        assert!(parse_size("1TiB").is_err());
-        assert!(parse_size("abc").is_err());
-        assert!(parse_size("99999999999999999999GiB").is_err());
-    }
-
-    #[test]
-    fn seconds() {
-        assert_eq!(parse_seconds("300"), Ok(Duration::from_secs(300)));
-        assert_eq!(parse_seconds("0.25"), Ok(Duration::from_millis(250)));
-        assert!(parse_seconds("0").is_err());
-        assert!(parse_seconds("-5").is_err());
-        assert!(parse_seconds("nan").is_err());
-        assert!(parse_seconds("inf").is_err());
-        assert!(parse_seconds("not-a-number").is_err());
     }
 
     #[test]

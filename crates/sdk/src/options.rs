@@ -203,10 +203,10 @@ pub const DEFAULT_MAX_RESPONSE_BYTES: u64 = 256 * 1024 * 1024;
 /// The longest lifetime the SDK gives a claim or a token: 10 years (87600 h). Longer
 /// durations are an error naming it, never a silently missing expiry; times this far ahead fit
 /// every RFC 3339 timestamp and the controller's arithmetic with centuries to spare.
-pub const MAX_TTL: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+pub const MAX_TTL: Duration = agent_sandbox_api::units::MAX_DURATION;
 
 /// How [`MAX_TTL`] is named in errors.
-pub(crate) const MAX_TTL_TEXT: &str = "87600h (10 years)";
+pub(crate) const MAX_TTL_TEXT: &str = agent_sandbox_api::units::MAX_DURATION_TEXT;
 
 /// Checks a lifetime against [`MAX_TTL`], for the option named `option`.
 pub(crate) fn check_ttl(option: &'static str, ttl: Duration) -> Result<Duration> {

@@ -3,14 +3,15 @@
 //! `fieldValidation`), apply CRD schemas (pruning, defaults, validation) and built-in defaults,
 //! and validate names, labels and the fields our components rely on.
 
+use agent_sandbox_api::names::{is_dns_label, is_dns_subdomain, is_label_value};
 use agent_sandbox_api::schema::{self, FieldErrorKind};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
 
+use crate::api_error::{ApiError, ApiResult, Cause};
 use crate::meta;
 use crate::resources::{Builtin, ResourceInfo};
-use crate::status::{ApiError, ApiResult, Cause};
 
 /// `fieldValidation` of a write.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -382,31 +383,6 @@ fn apply_builtin_defaults(builtin: Builtin, object: &mut Value) {
         }
         _ => {}
     }
-}
-
-fn is_dns_label(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 63
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        && !name.starts_with('-')
-        && !name.ends_with('-')
-}
-
-/// DNS-1123 subdomain: dot-separated labels, at most 253 characters.
-pub(crate) fn is_dns_subdomain(name: &str) -> bool {
-    name.len() <= 253 && name.split('.').all(is_dns_label)
-}
-
-fn is_label_value(value: &str) -> bool {
-    value.is_empty()
-        || (value.len() <= 63
-            && value
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-            && value.starts_with(|c: char| c.is_ascii_alphanumeric())
-            && value.ends_with(|c: char| c.is_ascii_alphanumeric()))
 }
 
 fn validate_metadata(info: &ResourceInfo, object: &Value) -> Vec<Cause> {

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use tokio::sync::broadcast::{self, error::RecvError};
 
 use crate::meta;
-use crate::ops::{Cluster, DeleteOptions};
+use crate::ops::{ApiObjects, DeleteOptions};
 use crate::resources::StorageKey;
 use crate::selector::LabelSelector;
 use crate::store::{Change, EventType};
@@ -168,26 +168,26 @@ fn slice_differs(current: &Value, desired: &Value) -> bool {
         || current.pointer("/metadata/labels") != desired.pointer("/metadata/labels")
 }
 
-/// The loops, over a cluster.
+/// The loops, over the API's objects.
 #[derive(Debug)]
 pub(crate) struct Controllers {
-    cluster: Arc<Cluster>,
+    objects: Arc<ApiObjects>,
 }
 
 impl Controllers {
-    pub(crate) fn new(cluster: Arc<Cluster>) -> Self {
-        Self { cluster }
+    pub(crate) fn new(objects: Arc<ApiObjects>) -> Self {
+        Self { objects }
     }
 
     /// Brings the EndpointSlices of the Services in `namespace` up to date.
     fn sync_endpoints(&self, namespace: &str) {
-        let store = &self.cluster.store;
+        let store = &self.objects.store;
         let (services, _) = store.list(&services_key(), Some(namespace));
         if services.is_empty() {
             return;
         }
         let (pods, _) = store.list(&pods_key(), Some(namespace));
-        let Ok(slices) = self.cluster.builtin("discovery.k8s.io", "endpointslices") else {
+        let Ok(slices) = self.objects.builtin("discovery.k8s.io", "endpointslices") else {
             return;
         };
         for service in services.iter().filter(|s| !meta::is_deleting(s)) {
@@ -195,12 +195,12 @@ impl Controllers {
             let current = store.get(&slices_key(), namespace, &name);
             match (desired_slice(service, &pods), current) {
                 (Some(desired), None) => {
-                    if let Err(error) = self.cluster.create_internal(&slices, desired) {
+                    if let Err(error) = self.objects.create_internal(&slices, desired) {
                         tracing::debug!(%error, "creating EndpointSlice failed");
                     }
                 }
                 (Some(desired), Some(current)) if slice_differs(&current, &desired) => {
-                    self.cluster
+                    self.objects
                         .mutate(&slices_key(), namespace, &name, |object| {
                             for field in ["endpoints", "ports"] {
                                 object[field] = desired[field].clone();
@@ -212,7 +212,7 @@ impl Controllers {
                 }
                 (None, Some(_)) => {
                     let _ =
-                        self.cluster
+                        self.objects
                             .delete(&slices, namespace, &name, &DeleteOptions::default());
                 }
                 _ => {}
@@ -227,10 +227,10 @@ impl Controllers {
             return;
         }
         let key = StorageKey::new("", "serviceaccounts");
-        if self.cluster.store.get(&key, &name, "default").is_none()
-            && let Ok(accounts) = self.cluster.builtin("", "serviceaccounts")
+        if self.objects.store.get(&key, &name, "default").is_none()
+            && let Ok(accounts) = self.objects.builtin("", "serviceaccounts")
         {
-            let _ = self.cluster.create_internal(
+            let _ = self.objects.create_internal(
                 &accounts,
                 json!({"metadata": {"name": "default", "namespace": name}}),
             );
@@ -240,23 +240,23 @@ impl Controllers {
     /// Deletes the content of a terminating namespace, then the namespace itself.
     fn finalize_namespace(&self, namespace: &str) {
         let mut remaining = 0usize;
-        for key in self.cluster.store.keys() {
+        for key in self.objects.store.keys() {
             if key == namespaces_key() {
                 continue;
             }
-            let (items, _) = self.cluster.store.list(&key, Some(namespace));
+            let (items, _) = self.objects.store.list(&key, Some(namespace));
             if items.is_empty() {
                 continue;
             }
             remaining += items.len();
-            let Some(info) = self.cluster.info_for_storage(&key) else {
+            let Some(info) = self.objects.info_for_storage(&key) else {
                 continue;
             };
             if !info.namespaced {
                 continue;
             }
             for item in items.iter().filter(|item| !meta::is_deleting(item)) {
-                let _ = self.cluster.delete(
+                let _ = self.objects.delete(
                     &info,
                     namespace,
                     meta::name(item),
@@ -265,7 +265,7 @@ impl Controllers {
             }
         }
         if remaining == 0 {
-            self.cluster
+            self.objects
                 .mutate(&namespaces_key(), "", namespace, |object| {
                     match object.get_mut("spec").and_then(Value::as_object_mut) {
                         Some(spec) => spec.remove("finalizers").is_some(),
@@ -284,7 +284,7 @@ impl Controllers {
         let namespace = meta::namespace(claim).to_owned();
         let name = meta::name(claim).to_owned();
         let volume = format!("pvc-{}", meta::uid(claim));
-        self.cluster.mutate(
+        self.objects.mutate(
             &StorageKey::new("", "persistentvolumeclaims"),
             &namespace,
             &name,
@@ -331,7 +331,7 @@ impl Controllers {
         }
         if change.kind == EventType::Deleted
             && !namespace.is_empty()
-            && let Some(ns) = self.cluster.store.get(&namespaces_key(), "", namespace)
+            && let Some(ns) = self.objects.store.get(&namespaces_key(), "", namespace)
             && meta::is_deleting(&ns)
         {
             self.finalize_namespace(namespace);
@@ -340,13 +340,13 @@ impl Controllers {
 
     /// Re-examines everything (after missed events).
     pub(crate) fn resync(&self) {
-        let (namespaces, _) = self.cluster.store.list(&namespaces_key(), None);
+        let (namespaces, _) = self.objects.store.list(&namespaces_key(), None);
         for namespace in namespaces {
             self.on_namespace(&namespace);
             self.sync_endpoints(meta::name(&namespace));
         }
         let (claims, _) = self
-            .cluster
+            .objects
             .store
             .list(&StorageKey::new("", "persistentvolumeclaims"), None);
         for claim in claims {

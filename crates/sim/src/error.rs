@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::status::ApiError;
+use crate::api_error::ApiError;
 
 /// Errors of the simulated cluster's library API.
 #[derive(Debug, thiserror::Error)]

@@ -2,7 +2,7 @@
 //! foreground), orphaning, and the removal of the `foregroundDeletion` / `orphan` finalizers.
 //!
 //! Decisions are pure functions of an object and the state of its owners; [`run`] feeds them
-//! from the store's events and carries out the actions through [`Cluster`].
+//! from the store's events and carries out the actions through [`ApiObjects`].
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -11,7 +11,7 @@ use serde_json::Value;
 use tokio::sync::broadcast::{self, error::RecvError};
 
 use crate::meta::{self, OwnerRef};
-use crate::ops::{Cluster, DeleteOptions, FOREGROUND, ORPHAN, Propagation};
+use crate::ops::{ApiObjects, DeleteOptions, FOREGROUND, ORPHAN, Propagation};
 use crate::resources::StorageKey;
 use crate::store::{Change, EventType};
 
@@ -164,20 +164,20 @@ pub(crate) fn owner_action(
     })
 }
 
-/// The collector over a cluster.
+/// The collector, over the API's objects.
 #[derive(Debug)]
 pub(crate) struct Collector {
-    cluster: Arc<Cluster>,
+    objects: Arc<ApiObjects>,
 }
 
 impl Collector {
-    pub(crate) fn new(cluster: Arc<Cluster>) -> Self {
-        Self { cluster }
+    pub(crate) fn new(objects: Arc<ApiObjects>) -> Self {
+        Self { objects }
     }
 
     fn lookup(&self, uid: &str) -> Option<(StorageKey, Arc<Value>)> {
-        let (key, (namespace, name)) = self.cluster.store.locate_uid(uid)?;
-        let object = self.cluster.store.get(&key, &namespace, &name)?;
+        let (key, (namespace, name)) = self.objects.store.locate_uid(uid)?;
+        let object = self.objects.store.get(&key, &namespace, &name)?;
         Some((key, object))
     }
 
@@ -194,12 +194,12 @@ impl Collector {
 
     fn check_owner_uid(&self, uid: &str) {
         let dependents: Vec<(StorageKey, Arc<Value>)> = self
-            .cluster
+            .objects
             .store
             .dependents_of(uid)
             .into_iter()
             .filter_map(|(key, (ns, name))| {
-                self.cluster
+                self.objects
                     .store
                     .get(&key, &ns, &name)
                     .map(|object| (key, object))
@@ -210,11 +210,11 @@ impl Collector {
         }
         if let Some((key, owner)) = self.lookup(uid) {
             let remaining: Vec<Arc<Value>> = self
-                .cluster
+                .objects
                 .store
                 .dependents_of(uid)
                 .into_iter()
-                .filter_map(|(key, (ns, name))| self.cluster.store.get(&key, &ns, &name))
+                .filter_map(|(key, (ns, name))| self.objects.store.get(&key, &ns, &name))
                 .collect();
             if let Some(action) = owner_action(&key, &owner, &remaining) {
                 self.execute(action);
@@ -231,7 +231,7 @@ impl Collector {
                 uid,
                 propagation,
             } => {
-                let Some(info) = self.cluster.info_for_storage(&key) else {
+                let Some(info) = self.objects.info_for_storage(&key) else {
                     return;
                 };
                 let options = DeleteOptions {
@@ -239,7 +239,7 @@ impl Collector {
                     uid: Some(uid),
                     ..DeleteOptions::default()
                 };
-                if let Err(error) = self.cluster.delete(&info, &namespace, &name, &options) {
+                if let Err(error) = self.objects.delete(&info, &namespace, &name, &options) {
                     tracing::debug!(%namespace, %name, %error, "garbage collection delete skipped");
                 }
             }
@@ -249,7 +249,7 @@ impl Collector {
                 name,
                 owner_uids,
             } => {
-                self.cluster.mutate(&key, &namespace, &name, |object| {
+                self.objects.mutate(&key, &namespace, &name, |object| {
                     let Some(Value::Array(refs)) = object.pointer_mut("/metadata/ownerReferences")
                     else {
                         return false;
@@ -275,7 +275,7 @@ impl Collector {
                 name,
                 finalizer,
             } => {
-                self.cluster.mutate(&key, &namespace, &name, |object| {
+                self.objects.mutate(&key, &namespace, &name, |object| {
                     let mut finalizers = meta::finalizers(object);
                     let before = finalizers.len();
                     finalizers.retain(|f| f != finalizer);
@@ -318,7 +318,7 @@ impl Collector {
 
     /// Re-examines every ownership (after missed events).
     pub(crate) fn resync(&self) {
-        for uid in self.cluster.store.owner_uids() {
+        for uid in self.objects.store.owner_uids() {
             self.check_owner_uid(&uid);
         }
     }

@@ -19,6 +19,7 @@
 
 mod admission;
 mod api;
+mod api_error;
 mod apply;
 mod controllers;
 mod error;
@@ -34,7 +35,6 @@ mod patch;
 mod portforward;
 mod resources;
 mod selector;
-mod status;
 mod store;
 pub mod test_support;
 
@@ -46,14 +46,14 @@ use std::time::Duration;
 use serde_json::json;
 use tokio::task::JoinSet;
 
+pub use api_error::ApiError;
 pub use error::{Error, Result};
 pub use kubelet::images::{DefaultReadiness, ImageEntry, ImageTable, Program, runtime_entry};
 pub use kubelet::process::{Isolation, bwrap_available};
 pub use metrics::{RequestCounts, RequestKey, WRITE_VERBS};
-pub use status::ApiError;
 
 use crate::kubelet::process::ProcessTable;
-use crate::ops::{Cluster, WriteOptions};
+use crate::ops::{ApiObjects, WriteOptions};
 
 /// Name of the one node pods are bound to.
 pub const NODE_NAME: &str = "sim-node";
@@ -151,7 +151,7 @@ pub struct Sim {
     kubeconfig: PathBuf,
     data_dir: PathBuf,
     isolation: Isolation,
-    cluster: Arc<Cluster>,
+    objects: Arc<ApiObjects>,
     api: Arc<api::ApiState>,
     processes: Arc<ProcessTable>,
     tasks: JoinSet<()>,
@@ -166,16 +166,16 @@ fn internal_options() -> WriteOptions {
     }
 }
 
-fn seed(cluster: &Cluster) -> Result<()> {
+fn seed(objects: &ApiObjects) -> Result<()> {
     let seed_err = |what: &str| {
         let what = what.to_owned();
         move |source| Error::Seed { what, source }
     };
-    let namespaces = cluster
+    let namespaces = objects
         .builtin("", "namespaces")
         .map_err(seed_err("namespaces"))?;
     for name in DEFAULT_NAMESPACES {
-        cluster
+        objects
             .create(
                 &namespaces,
                 "",
@@ -184,14 +184,14 @@ fn seed(cluster: &Cluster) -> Result<()> {
             )
             .map_err(seed_err(&format!("namespace {name}")))?;
     }
-    let nodes = cluster.builtin("", "nodes").map_err(seed_err("nodes"))?;
-    cluster
+    let nodes = objects.builtin("", "nodes").map_err(seed_err("nodes"))?;
+    objects
         .create_internal(&nodes, kubelet::node_object(NODE_NAME))
         .map_err(seed_err("the node"))?;
-    let services = cluster
+    let services = objects
         .builtin("", "services")
         .map_err(seed_err("services"))?;
-    cluster
+    objects
         .create(
             &services,
             "default",
@@ -212,7 +212,7 @@ type PreparedCrds = std::result::Result<Vec<(String, serde_json::Value)>, (Strin
 fn prepared_crds() -> Result<&'static [(String, serde_json::Value)]> {
     static PREPARED: std::sync::OnceLock<PreparedCrds> = std::sync::OnceLock::new();
     let prepared = PREPARED.get_or_init(|| {
-        let scratch = Cluster::new(16);
+        let scratch = ApiObjects::new(16);
         let info = scratch
             .builtin("apiextensions.k8s.io", "customresourcedefinitions")
             .map_err(|e| ("customresourcedefinitions".to_owned(), e))?;
@@ -288,8 +288,8 @@ impl Sim {
             Isolation::Bwrap if kubelet::process::bwrap_available() => Isolation::Bwrap,
             Isolation::Bwrap => return Err(Error::NoBwrap),
         };
-        let cluster = Arc::new(Cluster::new(config.watch_history));
-        seed(&cluster)?;
+        let objects = Arc::new(ApiObjects::new(config.watch_history));
+        seed(&objects)?;
 
         let bind = format!("127.0.0.1:{}", config.port);
         let listener = tokio::net::TcpListener::bind(&bind)
@@ -306,7 +306,7 @@ impl Sim {
         let metrics = Arc::new(metrics::Metrics::default());
         let (watch_epoch, _) = tokio::sync::watch::channel(0);
         let api = Arc::new(api::ApiState {
-            cluster: cluster.clone(),
+            objects: objects.clone(),
             metrics,
             pods_dir: pods_dir.clone(),
             server: addr.to_string(),
@@ -334,7 +334,7 @@ impl Sim {
             }
         });
         let ctx = Arc::new(kubelet::KubeletContext {
-            cluster: cluster.clone(),
+            objects: objects.clone(),
             node: NODE_NAME.to_owned(),
             images: config.images.clone(),
             bwrap: isolation == Isolation::Bwrap,
@@ -344,14 +344,14 @@ impl Sim {
             processes: processes.clone(),
             exe: std::env::current_exe().ok(),
         });
-        tasks.spawn(kubelet::Kubelet::new(ctx).run(cluster.store.subscribe()));
+        tasks.spawn(kubelet::Kubelet::new(ctx).run(objects.store.subscribe()));
         tasks.spawn(gc::run(
-            gc::Collector::new(cluster.clone()),
-            cluster.store.subscribe(),
+            gc::Collector::new(objects.clone()),
+            objects.store.subscribe(),
         ));
         tasks.spawn(controllers::run(
-            controllers::Controllers::new(cluster.clone()),
-            cluster.store.subscribe(),
+            controllers::Controllers::new(objects.clone()),
+            objects.store.subscribe(),
         ));
         let kubeconfig = config
             .kubeconfig
@@ -370,7 +370,7 @@ impl Sim {
             kubeconfig,
             data_dir,
             isolation,
-            cluster,
+            objects,
             api,
             processes,
             tasks,
@@ -428,17 +428,17 @@ impl Sim {
     /// counting requests. The admitted objects are prepared once per process, so this is cheap.
     pub fn apply_crds(&self) -> Result<()> {
         let info = self
-            .cluster
+            .objects
             .builtin("apiextensions.k8s.io", "customresourcedefinitions")
             .map_err(|source| Error::Crd {
                 name: "customresourcedefinitions".into(),
                 source,
             })?;
         for (name, object) in prepared_crds()? {
-            if self.cluster.store.get(&info.storage(), "", name).is_some() {
+            if self.objects.store.get(&info.storage(), "", name).is_some() {
                 continue;
             }
-            self.cluster
+            self.objects
                 .create_prepared(&info, object.clone())
                 .map_err(|source| Error::Crd {
                     name: name.clone(),
@@ -461,7 +461,7 @@ impl Sim {
     /// Forgets the watch history, so that resuming a watch from any earlier version yields
     /// `410 Gone` (what etcd compaction does).
     pub fn compact_watch_history(&self) {
-        self.cluster.store.compact();
+        self.objects.store.compact();
     }
 
     /// Ends every open watch, as an API server restart does; clients re-watch from their last

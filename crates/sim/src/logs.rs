@@ -13,10 +13,10 @@ use http::{HeaderValue, header};
 use serde_json::Value;
 
 use crate::api::ApiState;
+use crate::api_error::{ApiError, ApiResult};
 use crate::kubelet::{log_file, pod_paths};
 use crate::meta;
 use crate::resources::ResourceInfo;
-use crate::status::{ApiError, ApiResult};
 
 /// How often a followed log is polled for growth.
 const FOLLOW_POLL: Duration = Duration::from_millis(100);
@@ -71,7 +71,7 @@ pub(crate) async fn serve(
     name: &str,
     query: &HashMap<String, String>,
 ) -> ApiResult<Response> {
-    let pod = state.cluster.get(info, namespace, name)?;
+    let pod = state.objects.get(info, namespace, name)?;
     let mut names = container_names(&pod, "containers");
     names.extend(container_names(&pod, "initContainers"));
     let container = match query.get("container").filter(|c| !c.is_empty()) {
@@ -170,7 +170,7 @@ impl Follower {
     fn still_running(&self) -> bool {
         let pods = crate::resources::StorageKey::new("", "pods");
         self.state
-            .cluster
+            .objects
             .store
             .get(&pods, &self.namespace, &self.name)
             .is_some_and(|pod| meta::uid(&pod) == self.uid && is_running(&pod, &self.container))

@@ -4,7 +4,7 @@
 //! propagation policies, namespace checks, CRD registration and Service cluster IPs.
 //!
 //! The HTTP layer (`api`) and the sim's controllers (kubelet, GC, endpoints, namespaces) both
-//! call these functions; the controllers' own writes go through [`Cluster::mutate`], which skips
+//! call these functions; the controllers' own writes go through [`ApiObjects::mutate`], which skips
 //! admission like a component writing through the real API with a trusted shape.
 
 use std::sync::Arc;
@@ -12,13 +12,13 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use crate::admission::{self, FieldValidation};
+use crate::api_error::{ApiError, ApiResult, Cause};
 use crate::apply;
 use crate::events;
 use crate::meta;
 use crate::patch;
 use crate::resources::{Builtin, ResourceInfo, StorageKey, parse_crd};
 use crate::selector::Selectors;
-use crate::status::{ApiError, ApiResult, Cause};
 use crate::store::{Committed, Decision, Store};
 
 /// Which part of an object an endpoint writes.
@@ -92,9 +92,10 @@ pub(crate) const FOREGROUND: &str = "foregroundDeletion";
 /// Finalizer the API server adds for orphaning deletion.
 pub(crate) const ORPHAN: &str = "orphan";
 
-/// The cluster: the store plus the semantics above it.
+/// The API's objects: the store plus the semantics above it (what every endpoint and every
+/// sim controller reads and writes through).
 #[derive(Debug)]
-pub(crate) struct Cluster {
+pub(crate) struct ApiObjects {
     pub(crate) store: Store,
 }
 
@@ -207,8 +208,8 @@ fn set_path(object: &mut Value, path: &str, value: Value) {
     }
 }
 
-impl Cluster {
-    /// A cluster with an empty store keeping `history_limit` watch events.
+impl ApiObjects {
+    /// Objects in an empty store keeping `history_limit` watch events.
     pub(crate) fn new(history_limit: usize) -> Self {
         Self {
             store: Store::new(history_limit),
@@ -298,7 +299,7 @@ impl Cluster {
             None => Err(ApiError::not_found("", "namespaces", namespace)),
             Some(ns) if meta::is_deleting(&ns) => Err(ApiError::forbidden(format!(
                 "{} \"{}\" is forbidden: unable to create new content in namespace {namespace} because it is being terminated",
-                crate::status::qualified(&info.group, &info.plural),
+                crate::api_error::qualified(&info.group, &info.plural),
                 "",
             ))),
             Some(_) => Ok(()),
@@ -1327,10 +1328,10 @@ mod tests {
     use super::*;
     use pretty_assertions::assert_eq;
 
-    fn cluster() -> Cluster {
-        let cluster = Cluster::new(1000);
-        let namespaces = cluster.builtin("", "namespaces").unwrap();
-        cluster
+    fn fresh_objects() -> ApiObjects {
+        let objects = ApiObjects::new(1000);
+        let namespaces = objects.builtin("", "namespaces").unwrap();
+        objects
             .create(
                 &namespaces,
                 "",
@@ -1338,15 +1339,15 @@ mod tests {
                 &opts("test"),
             )
             .unwrap();
-        let crds = cluster
+        let crds = objects
             .builtin("apiextensions.k8s.io", "customresourcedefinitions")
             .unwrap();
         for crd in agent_sandbox_api::crds::all() {
-            cluster
+            objects
                 .create(&crds, "", serde_json::to_value(crd).unwrap(), &opts("test"))
                 .unwrap();
         }
-        cluster
+        objects
     }
 
     fn opts(manager: &str) -> WriteOptions {
@@ -1357,35 +1358,35 @@ mod tests {
     }
 
     fn sandbox(name: &str) -> Value {
-        json!({"apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
+        json!({"apiVersion": agent_sandbox_api::API_VERSION, "kind": agent_sandbox_api::kinds::SANDBOX,
                "metadata": {"name": name},
                "spec": {"podTemplate": {"spec": {"containers": [{"name": "c", "image": "i"}]}}}})
     }
 
-    fn sandboxes(cluster: &Cluster) -> Arc<ResourceInfo> {
-        cluster
+    fn sandboxes(objects: &ApiObjects) -> Arc<ResourceInfo> {
+        objects
             .resource("agents.x-k8s.io", "v1beta1", "sandboxes")
             .unwrap()
     }
 
     #[test]
     fn create_fills_metadata_and_generate_name() {
-        let cluster = cluster();
-        let info = sandboxes(&cluster);
+        let objects = fresh_objects();
+        let info = sandboxes(&objects);
         let mut body = sandbox("");
         body["metadata"] = json!({"generateName": "sb-"});
-        let written = cluster.create(&info, "default", body, &opts("t")).unwrap();
+        let written = objects.create(&info, "default", body, &opts("t")).unwrap();
         let name = meta::name(&written.object);
         assert!(name.starts_with("sb-") && name.len() == 8, "{name}");
         assert_eq!(written.object["metadata"]["generation"], json!(1));
         assert!(!meta::uid(&written.object).is_empty());
         assert!(!meta::resource_version(&written.object).is_empty());
         assert_eq!(written.object["spec"]["operatingMode"], json!("Running"));
-        let again = cluster
+        let again = objects
             .create(&info, "default", sandbox(name), &opts("t"))
             .unwrap_err();
         assert_eq!(again.code, 409);
-        let missing_ns = cluster
+        let missing_ns = objects
             .create(&info, "nope", sandbox("x"), &opts("t"))
             .unwrap_err();
         assert_eq!(missing_ns.code, 404);
@@ -1393,16 +1394,16 @@ mod tests {
 
     #[test]
     fn stale_resource_versions_conflict_in_updates_and_merge_patches() {
-        let cluster = cluster();
-        let info = sandboxes(&cluster);
-        let created = cluster
+        let objects = fresh_objects();
+        let info = sandboxes(&objects);
+        let created = objects
             .create(&info, "default", sandbox("s"), &opts("t"))
             .unwrap()
             .object;
         let rv = meta::resource_version(&created).to_owned();
         let mut changed = created.clone();
         changed["spec"]["operatingMode"] = json!("Suspended");
-        let updated = cluster
+        let updated = objects
             .update(
                 &info,
                 "default",
@@ -1414,7 +1415,7 @@ mod tests {
             .unwrap()
             .object;
         assert_eq!(updated["metadata"]["generation"], json!(2));
-        let stale = cluster
+        let stale = objects
             .update(
                 &info,
                 "default",
@@ -1427,7 +1428,7 @@ mod tests {
         assert_eq!((stale.code, stale.reason), (409, "Conflict"));
         let patch =
             json!({"metadata": {"resourceVersion": rv}, "spec": {"operatingMode": "Running"}});
-        let stale_patch = cluster
+        let stale_patch = objects
             .patch(
                 &info,
                 "default",
@@ -1443,12 +1444,12 @@ mod tests {
 
     #[test]
     fn status_is_a_separate_subresource_and_does_not_bump_generation() {
-        let cluster = cluster();
-        let info = sandboxes(&cluster);
-        cluster
+        let objects = fresh_objects();
+        let info = sandboxes(&objects);
+        objects
             .create(&info, "default", sandbox("s"), &opts("t"))
             .unwrap();
-        let main = cluster
+        let main = objects
             .patch(
                 &info,
                 "default",
@@ -1461,7 +1462,7 @@ mod tests {
             .unwrap()
             .object;
         assert!(main.get("status").is_none());
-        let status = cluster
+        let status = objects
             .patch(
                 &info,
                 "default",
@@ -1480,13 +1481,13 @@ mod tests {
 
     #[test]
     fn no_op_writes_keep_the_resource_version() {
-        let cluster = cluster();
-        let info = sandboxes(&cluster);
-        let created = cluster
+        let objects = fresh_objects();
+        let info = sandboxes(&objects);
+        let created = objects
             .create(&info, "default", sandbox("s"), &opts("t"))
             .unwrap()
             .object;
-        let same = cluster
+        let same = objects
             .patch(
                 &info,
                 "default",
@@ -1506,17 +1507,17 @@ mod tests {
 
     #[test]
     fn finalizers_hold_deletion_until_removed() {
-        let cluster = cluster();
-        let info = sandboxes(&cluster);
+        let objects = fresh_objects();
+        let info = sandboxes(&objects);
         let mut body = sandbox("s");
         body["metadata"]["finalizers"] = json!(["example.com/hold"]);
-        cluster.create(&info, "default", body, &opts("t")).unwrap();
-        let (object, removed) = cluster
+        objects.create(&info, "default", body, &opts("t")).unwrap();
+        let (object, removed) = objects
             .delete(&info, "default", "s", &DeleteOptions::default())
             .unwrap();
         assert!(!removed);
         assert!(meta::is_deleting(&object));
-        let adding = cluster
+        let adding = objects
             .patch(
                 &info,
                 "default",
@@ -1528,7 +1529,7 @@ mod tests {
             )
             .unwrap_err();
         assert_eq!(adding.code, 422);
-        cluster
+        objects
             .patch(
                 &info,
                 "default",
@@ -1539,24 +1540,24 @@ mod tests {
                 &opts("t"),
             )
             .unwrap();
-        assert_eq!(cluster.get(&info, "default", "s").unwrap_err().code, 404);
+        assert_eq!(objects.get(&info, "default", "s").unwrap_err().code, 404);
     }
 
     #[test]
     fn server_side_apply_creates_updates_and_conflicts() {
-        let cluster = cluster();
-        let info = sandboxes(&cluster);
+        let objects = fresh_objects();
+        let info = sandboxes(&objects);
         let mut config = sandbox("s");
         config["metadata"]["labels"] = json!({"a": "1"});
         config["spec"]["operatingMode"] = json!("Running");
         let mut force = opts("ctrl");
         force.force = true;
-        let created = cluster
+        let created = objects
             .apply(&info, "default", "s", &config, Subresource::Main, &force)
             .unwrap();
         assert_eq!(created.object["metadata"]["labels"], json!({"a": "1"}));
         config["metadata"]["labels"] = json!({});
-        let removed = cluster
+        let removed = objects
             .apply(&info, "default", "s", &config, Subresource::Main, &force)
             .unwrap();
         assert!(
@@ -1566,7 +1567,7 @@ mod tests {
         );
         let mut other = sandbox("s");
         other["spec"]["operatingMode"] = json!("Suspended");
-        let conflict = cluster
+        let conflict = objects
             .apply(
                 &info,
                 "default",
@@ -1582,9 +1583,9 @@ mod tests {
             "{}",
             conflict.message
         );
-        let status = json!({"apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
+        let status = json!({"apiVersion": agent_sandbox_api::API_VERSION, "kind": agent_sandbox_api::kinds::SANDBOX,
                             "status": {"serviceFQDN": "s.default.svc"}});
-        let applied = cluster
+        let applied = objects
             .apply(&info, "default", "s", &status, Subresource::Status, &force)
             .unwrap();
         assert_eq!(
@@ -1595,15 +1596,15 @@ mod tests {
 
     #[test]
     fn scale_subresource_reads_and_writes_the_crd_paths() {
-        let cluster = cluster();
-        let pools = cluster
+        let objects = fresh_objects();
+        let pools = objects
             .resource("extensions.agents.x-k8s.io", "v1beta1", "sandboxwarmpools")
             .unwrap();
         let pool = json!({"metadata": {"name": "p"}, "spec": {"replicas": 1, "sandboxTemplateRef": {"name": "t"}}});
-        cluster.create(&pools, "default", pool, &opts("t")).unwrap();
-        let scale = cluster.get_scale(&pools, "default", "p").unwrap();
+        objects.create(&pools, "default", pool, &opts("t")).unwrap();
+        let scale = objects.get_scale(&pools, "default", "p").unwrap();
         assert_eq!(scale["spec"]["replicas"], json!(1));
-        let written = cluster
+        let written = objects
             .patch(
                 &pools,
                 "default",
@@ -1620,12 +1621,12 @@ mod tests {
 
     #[test]
     fn strategic_merge_is_refused_for_custom_resources() {
-        let cluster = cluster();
-        let info = sandboxes(&cluster);
-        cluster
+        let objects = fresh_objects();
+        let info = sandboxes(&objects);
+        objects
             .create(&info, "default", sandbox("s"), &opts("t"))
             .unwrap();
-        let error = cluster
+        let error = objects
             .patch(
                 &info,
                 "default",
@@ -1641,19 +1642,19 @@ mod tests {
 
     #[test]
     fn events_are_shared_between_the_two_apis() {
-        let cluster = cluster();
-        let v1 = cluster.resource("events.k8s.io", "v1", "events").unwrap();
-        let core = cluster.resource("", "v1", "events").unwrap();
+        let objects = fresh_objects();
+        let v1 = objects.resource("events.k8s.io", "v1", "events").unwrap();
+        let core = objects.resource("", "v1", "events").unwrap();
         let event = json!({"metadata": {"name": "e"}, "regarding": {"kind": "Pod", "name": "p"},
                            "note": "hello", "reason": "R", "type": "Normal",
                            "eventTime": "2024-01-01T00:00:00.000000Z",
                            "reportingController": "c", "reportingInstance": "i", "action": "A"});
-        cluster.create(&v1, "default", event, &opts("t")).unwrap();
-        let stored = cluster.get(&core, "default", "e").unwrap();
+        objects.create(&v1, "default", event, &opts("t")).unwrap();
+        let stored = objects.get(&core, "default", "e").unwrap();
         assert_eq!(stored["message"], json!("hello"));
         assert_eq!(stored["involvedObject"]["name"], json!("p"));
         assert_eq!(
-            cluster.get(&v1, "default", "e").unwrap()["note"],
+            objects.get(&v1, "default", "e").unwrap()["note"],
             json!("hello")
         );
     }

@@ -23,8 +23,8 @@ use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::Role;
 
 use crate::api::ApiState;
+use crate::api_error::{ApiError, ApiResult};
 use crate::resources::StorageKey;
-use crate::status::{ApiError, ApiResult};
 
 /// The subprotocol served.
 const PROTOCOL: &str = "v4.channel.k8s.io";
@@ -53,7 +53,7 @@ pub(crate) async fn serve(
     upgrade: Option<hyper::upgrade::OnUpgrade>,
 ) -> ApiResult<Response> {
     let pod = state
-        .cluster
+        .objects
         .store
         .get(&StorageKey::new("", "pods"), namespace, name)
         .ok_or_else(|| ApiError::not_found("", "pods", name))?;

@@ -557,7 +557,7 @@ mod tests {
             .unwrap();
         assert!(sandboxes.namespaced);
         assert!(sandboxes.status);
-        assert_eq!(sandboxes.kind, "Sandbox");
+        assert_eq!(sandboxes.kind, agent_sandbox_api::kinds::SANDBOX);
         assert!(!sandboxes.columns.is_empty());
         let pools = registry
             .get("extensions.agents.x-k8s.io", "v1beta1", "sandboxwarmpools")

@@ -12,9 +12,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
+use crate::api_error::{ApiError, ApiResult};
 use crate::meta;
 use crate::resources::{Registry, StorageKey};
-use crate::status::{ApiError, ApiResult};
 
 /// `(namespace, name)`; the namespace is empty for cluster-scoped objects.
 pub(crate) type ObjKey = (String, String);

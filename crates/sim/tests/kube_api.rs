@@ -247,7 +247,7 @@ async fn errors_are_kubernetes_status_objects() {
     // Schema validation of custom resources: unsupported enum value.
     let sandboxes: Api<Sandbox> = Api::default_namespaced(client);
     let bad: Sandbox = serde_json::from_value(json!({
-        "apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox", "metadata": {"name": "bad"},
+        "apiVersion": agent_sandbox_api::API_VERSION, "kind": agent_sandbox_api::kinds::SANDBOX, "metadata": {"name": "bad"},
         "spec": {"podTemplate": {"spec": {"containers": [{"name": "c", "image": "i"}]}}}
     }))
     .unwrap();
@@ -473,7 +473,7 @@ async fn status_and_scale_subresources_and_generation() {
     let sim = sim(Isolation::None).await;
     let client = sim.client().unwrap();
     let sandboxes: Api<Sandbox> = Api::default_namespaced(client.clone());
-    let sandbox = json!({"apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
+    let sandbox = json!({"apiVersion": agent_sandbox_api::API_VERSION, "kind": agent_sandbox_api::kinds::SANDBOX,
         "metadata": {"generateName": "sb-"},
         "spec": {"podTemplate": {"spec": {"containers": [{"name": "c", "image": "busybox"}]}}}});
     let created = sandboxes
@@ -487,7 +487,7 @@ async fn status_and_scale_subresources_and_generation() {
     assert!(name.starts_with("sb-") && name.len() == 8, "{name}");
     assert_eq!(created.metadata.generation, Some(1));
     // Status through server-side apply with a fixed manager and force, as the controller does.
-    let status = json!({"apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
+    let status = json!({"apiVersion": agent_sandbox_api::API_VERSION, "kind": agent_sandbox_api::kinds::SANDBOX,
                         "status": {"serviceFQDN": format!("{name}.default.svc.cluster.local")}});
     let applied = sandboxes
         .patch_status(
@@ -515,7 +515,7 @@ async fn status_and_scale_subresources_and_generation() {
     assert_ne!(patched.status.unwrap().service_fqdn, "ignored");
 
     let pools: Api<SandboxWarmPool> = Api::default_namespaced(client);
-    let pool = json!({"apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxWarmPool",
+    let pool = json!({"apiVersion": agent_sandbox_api::EXTENSIONS_API_VERSION, "kind": agent_sandbox_api::kinds::SANDBOX_WARM_POOL,
         "metadata": {"name": "pool"}, "spec": {"replicas": 1, "sandboxTemplateRef": {"name": "t"}}});
     pools
         .create(
@@ -823,15 +823,15 @@ async fn custom_resource_date_times_are_rfc_3339() {
     let resource = kube::api::ApiResource {
         group: "extensions.agents.x-k8s.io".into(),
         version: "v1beta1".into(),
-        api_version: "extensions.agents.x-k8s.io/v1beta1".into(),
-        kind: "SandboxClaim".into(),
+        api_version: agent_sandbox_api::EXTENSIONS_API_VERSION.into(),
+        kind: agent_sandbox_api::kinds::SANDBOX_CLAIM.into(),
         plural: "sandboxclaims".into(),
     };
     let claims: Api<kube::api::DynamicObject> =
         Api::default_namespaced_with(sim.client().unwrap(), &resource);
     let claim = |name: &str, when: &str| -> kube::api::DynamicObject {
         serde_json::from_value(json!({
-            "apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxClaim",
+            "apiVersion": agent_sandbox_api::EXTENSIONS_API_VERSION, "kind": agent_sandbox_api::kinds::SANDBOX_CLAIM,
             "metadata": {"name": name},
             "spec": {"warmPoolRef": {"name": "pool"}, "lifecycle": {"shutdownTime": when}}
         }))

@@ -4,6 +4,7 @@
 use std::collections::BTreeSet;
 
 use agent_sandbox_api::claim::{ClaimLifecycle, ClaimShutdownPolicy};
+use agent_sandbox_api::kinds;
 use agent_sandbox_api::sandbox::OperatingMode;
 use agent_sandbox_api::template::NetworkPolicyManagement;
 use agent_sandbox_api::{
@@ -38,7 +39,7 @@ async fn members(cluster: &ClusterUnderTest, pool: &str) -> Result<Vec<Sandbox>>
         .filter(|s| {
             s.owner_references()
                 .iter()
-                .any(|o| o.kind == "SandboxWarmPool" && o.name == pool)
+                .any(|o| o.kind == kinds::SANDBOX_WARM_POOL && o.name == pool)
         })
         .collect())
 }
@@ -152,9 +153,9 @@ pub(super) async fn a_warm_claim_adopts_a_running_member_and_the_pool_refills(
         },
     )
     .await?;
-    delete(&claims, "SandboxClaim", &claim_name).await?;
-    wait_gone(&sandboxes, "Sandbox", &member).await?;
-    delete(&pools, "SandboxWarmPool", &pool_name).await?;
+    delete(&claims, kinds::SANDBOX_CLAIM, &claim_name).await?;
+    wait_gone(&sandboxes, kinds::SANDBOX, &member).await?;
+    delete(&pools, kinds::SANDBOX_WARM_POOL, &pool_name).await?;
     Ok(Verdict::Passed)
 }
 
@@ -202,9 +203,9 @@ pub(super) async fn concurrent_claims_get_distinct_sandboxes_warm_then_cold(
         "none of the pool's ready members {warm:?} was adopted (claims got {sandboxes:?})"
     );
     for name in &names {
-        delete(&claims, "SandboxClaim", name).await?;
+        delete(&claims, kinds::SANDBOX_CLAIM, name).await?;
     }
-    delete(&pools, "SandboxWarmPool", &pool_name).await?;
+    delete(&pools, kinds::SANDBOX_WARM_POOL, &pool_name).await?;
     Ok(Verdict::Passed)
 }
 
@@ -261,8 +262,8 @@ pub(super) async fn deleting_a_claim_deletes_its_sandbox_and_pod(
         get(&pods, &pod).await?.is_some(),
         "pod {pod} of Ready sandbox {sandbox_name} is missing"
     );
-    delete(&claims, "SandboxClaim", &name).await?;
-    wait_gone(&sandboxes, "Sandbox", &sandbox_name).await?;
+    delete(&claims, kinds::SANDBOX_CLAIM, &name).await?;
+    wait_gone(&sandboxes, kinds::SANDBOX, &sandbox_name).await?;
     wait_gone(&pods, "Pod", &pod).await?;
     Ok(Verdict::Passed)
 }
@@ -308,7 +309,7 @@ pub(super) async fn a_suspended_sandbox_loses_its_pod_and_resumes(
         second.is_some() && second.as_deref() != Some(first.as_str()),
         "resuming {name} did not create a new pod (first {first}, now {second:?})"
     );
-    delete(&sandboxes, "Sandbox", &name).await?;
+    delete(&sandboxes, kinds::SANDBOX, &name).await?;
     Ok(Verdict::Passed)
 }
 

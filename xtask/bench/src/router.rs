@@ -201,7 +201,7 @@ async fn fake_api(runtime: SocketAddr) -> Result<(SocketAddr, tokio::task::JoinH
     let addr = listener.local_addr()?;
     let hash = agent_sandbox_api::name_hash(SANDBOX);
     let sandbox = json!({
-        "apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
+        "apiVersion": agent_sandbox_api::API_VERSION, "kind": agent_sandbox_api::kinds::SANDBOX,
         "metadata": {"name": SANDBOX, "namespace": "default", "uid": "uid-bench", "resourceVersion": "1"},
         "spec": {"podTemplate": {"spec": {"containers": []}}},
         "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "DependenciesReady",
@@ -211,7 +211,7 @@ async fn fake_api(runtime: SocketAddr) -> Result<(SocketAddr, tokio::task::JoinH
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": SANDBOX, "namespace": "default", "resourceVersion": "1",
             "labels": {agent_sandbox_api::labels::SANDBOX_NAME_HASH: hash},
-            "ownerReferences": [{"apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
+            "ownerReferences": [{"apiVersion": agent_sandbox_api::API_VERSION, "kind": agent_sandbox_api::kinds::SANDBOX,
                 "name": SANDBOX, "uid": "uid-bench", "controller": true}]},
         "spec": {"containers": [{"name": "runtime", "ports": [{"containerPort": runtime.port()}]}]},
         "status": {"phase": "Running", "podIP": runtime.ip().to_string(),

@@ -21,7 +21,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::Command;
 
-use agent_sandbox_api::{SandboxClaim, SandboxTemplate, SandboxWarmPool, labels, wire};
+use agent_sandbox_api::{
+    API_VERSION, EXTENSIONS_API_VERSION, SandboxClaim, SandboxTemplate, SandboxWarmPool, kinds,
+    labels, wire,
+};
 use anyhow::{Context as _, Result, bail};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service, ServiceAccount};
@@ -259,18 +262,14 @@ pub(crate) fn check_strict(object: &Value) -> Result<()> {
         ("apiextensions.k8s.io/v1", "CustomResourceDefinition") => {
             round_trip::<CustomResourceDefinition>(object)
         }
-        ("extensions.agents.x-k8s.io/v1beta1", "SandboxTemplate") => {
-            round_trip::<SandboxTemplate>(object)
-                .and_then(|()| crd_schema::<SandboxTemplate>(object))
-        }
-        ("extensions.agents.x-k8s.io/v1beta1", "SandboxWarmPool") => {
-            round_trip::<SandboxWarmPool>(object)
-                .and_then(|()| crd_schema::<SandboxWarmPool>(object))
-        }
-        ("extensions.agents.x-k8s.io/v1beta1", "SandboxClaim") => {
+        (EXTENSIONS_API_VERSION, kinds::SANDBOX_TEMPLATE) => round_trip::<SandboxTemplate>(object)
+            .and_then(|()| crd_schema::<SandboxTemplate>(object)),
+        (EXTENSIONS_API_VERSION, kinds::SANDBOX_WARM_POOL) => round_trip::<SandboxWarmPool>(object)
+            .and_then(|()| crd_schema::<SandboxWarmPool>(object)),
+        (EXTENSIONS_API_VERSION, kinds::SANDBOX_CLAIM) => {
             round_trip::<SandboxClaim>(object).and_then(|()| crd_schema::<SandboxClaim>(object))
         }
-        ("agents.x-k8s.io/v1beta1", "Sandbox") => round_trip::<agent_sandbox_api::Sandbox>(object)
+        (API_VERSION, kinds::SANDBOX) => round_trip::<agent_sandbox_api::Sandbox>(object)
             .and_then(|()| crd_schema::<agent_sandbox_api::Sandbox>(object)),
         (flux::KUSTOMIZE_API, "Kustomization") => round_trip::<flux::Kustomization>(object),
         (flux::SOURCE_API, "GitRepository") => {
@@ -685,7 +684,7 @@ mod tests {
             "{error}"
         );
 
-        let mut template = object(&objects, "SandboxTemplate", "python-runtime").clone();
+        let mut template = object(&objects, kinds::SANDBOX_TEMPLATE, "python-runtime").clone();
         check_strict(&template).unwrap();
         template["spec"]["podTemplate"]["spec"]["containers"][0]["imagePullPolicyy"] =
             "Always".into();
@@ -978,13 +977,13 @@ mod tests {
         .unwrap();
         let path = sandboxes.spec.path.clone().unwrap();
         let objects = render_with_images(&root, &path, &sandboxes.spec.images).unwrap();
-        let pool_object = object(&objects, "SandboxWarmPool", "python-sandbox-pool");
+        let pool_object = object(&objects, kinds::SANDBOX_WARM_POOL, "python-sandbox-pool");
         let namespace = pool_object["metadata"]["namespace"]
             .as_str()
             .unwrap()
             .to_owned();
         let replicas = pool_object["spec"]["replicas"].as_i64().unwrap();
-        let image = object(&objects, "SandboxTemplate", "python-runtime")["spec"]["podTemplate"]
+        let image = object(&objects, kinds::SANDBOX_TEMPLATE, "python-runtime")["spec"]["podTemplate"]
             ["spec"]["containers"][0]["image"]
             .as_str()
             .unwrap()

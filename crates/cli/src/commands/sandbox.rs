@@ -402,7 +402,7 @@ pub fn parse_location(text: &str) -> Location {
         return Location::Std;
     }
     if let Some((claim, path)) = text.split_once(':')
-        && agent_sandbox_router::is_dns_label(claim)
+        && agent_sandbox_api::names::is_dns_label(claim)
     {
         return Location::Remote {
             claim: claim.to_owned(),
@@ -416,7 +416,7 @@ pub fn parse_location(text: &str) -> Location {
 fn remote(text: &str) -> Result<(String, String)> {
     match parse_location(text) {
         Location::Remote { claim, path } => Ok((claim, path)),
-        _ if agent_sandbox_router::is_dns_label(text) => Ok((text.to_owned(), String::new())),
+        _ if agent_sandbox_api::names::is_dns_label(text) => Ok((text.to_owned(), String::new())),
         _ => Err(Error::Usage(format!(
             "expected CLAIM or CLAIM:path, not {text:?}"
         ))),

@@ -3,6 +3,11 @@
 //! environment and volume-claim-template merges under the template's policies), expiry, and the
 //! claim's status.
 //!
+//! [`plan`] takes them all at once: from what a pass [`Observed`] it returns the pass's one
+//! [`Plan`], the writes in order (and what follows a write that can lose a race), which
+//! `reconcile::claim` carries out. The claim's pod metadata is validated once per pass, into the
+//! [`ValidatedClaim`] the builders require.
+//!
 //! Adoption is one conditional write on the Sandbox ([`adoption_patch`] carries the
 //! resourceVersion the choice was made on): it moves the controller ownerReference from the pool
 //! to the claim, so two claims can never hold one sandbox; the claim's status only records the
@@ -13,11 +18,12 @@ use std::time::Duration;
 
 use agent_sandbox_api::claim::{ClaimShutdownPolicy, ClaimedSandbox, EnvVar};
 use agent_sandbox_api::conditions::{claim as claim_cond, sandbox as sandbox_cond};
+use agent_sandbox_api::names::{is_label_value, is_qualified_name};
 use agent_sandbox_api::sandbox::{PersistentVolumeClaimTemplate, PodMetadata, Sandbox};
 use agent_sandbox_api::template::{EnvVarsInjectionPolicy, VolumeClaimTemplatesPolicy};
 use agent_sandbox_api::warm_pool::UpdateStrategyType;
 use agent_sandbox_api::{
-    SandboxClaim, SandboxClaimStatus, SandboxTemplate, SandboxWarmPool, annotations, labels,
+    SandboxClaim, SandboxClaimStatus, SandboxTemplate, SandboxWarmPool, annotations, kinds, labels,
     name_hash,
 };
 use k8s_openapi::api::core::v1::{EnvVar as KEnvVar, PodSpec};
@@ -55,43 +61,6 @@ pub fn needs_cold_start(claim: &SandboxClaim) -> bool {
 
 fn domain_matches(domain: &str, allowed: &str) -> bool {
     domain == allowed || domain.ends_with(&format!(".{allowed}"))
-}
-
-fn is_qualified_name(key: &str) -> bool {
-    let (prefix, name) = match key.split_once('/') {
-        Some((prefix, name)) => (Some(prefix), name),
-        None => (None, key),
-    };
-    let name_ok = !name.is_empty()
-        && name.len() <= 63
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
-    let prefix_ok = prefix.is_none_or(|p| {
-        !p.is_empty()
-            && p.len() <= 253
-            && p.split('.').all(|part| {
-                !part.is_empty()
-                    && part
-                        .chars()
-                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-                    && !part.starts_with('-')
-                    && !part.ends_with('-')
-            })
-    });
-    name_ok && prefix_ok
-}
-
-fn is_label_value(value: &str) -> bool {
-    value.is_empty()
-        || (value.len() <= 63
-            && value
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-            && value.starts_with(|c: char| c.is_ascii_alphanumeric())
-            && value.ends_with(|c: char| c.is_ascii_alphanumeric()))
 }
 
 /// Checks a claim's `additionalPodMetadata` like upstream: label keys must be qualified, carry a
@@ -147,6 +116,25 @@ pub fn validate_additional_pod_metadata(
         }
     }
     Ok(())
+}
+
+/// A claim whose `additionalPodMetadata` passed [`validate_additional_pod_metadata`]. The
+/// builders of what a claim gets ([`cold_sandbox`], [`adoption_patch`]) take only this, so a pass
+/// validates the claim once and nothing unvalidated reaches a write.
+#[derive(Clone, Copy, Debug)]
+pub struct ValidatedClaim<'a>(&'a SandboxClaim);
+
+impl<'a> ValidatedClaim<'a> {
+    /// Validates `claim`'s pod metadata against `allowed_domains`.
+    pub fn new(claim: &'a SandboxClaim, allowed_domains: &[String]) -> Result<Self, String> {
+        validate_additional_pod_metadata(&claim.spec.additional_pod_metadata, allowed_domains)?;
+        Ok(Self(claim))
+    }
+
+    /// The claim.
+    pub fn claim(self) -> &'a SandboxClaim {
+        self.0
+    }
 }
 
 /// The template's pod metadata plus the claim's, refusing to override a template key.
@@ -338,13 +326,11 @@ impl ClaimProblem {
 /// The sandbox to create for a claim served cold: named after the claim, built from the
 /// template with the claim's metadata, env and volumes merged under the template's policies.
 pub fn cold_sandbox(
-    claim: &SandboxClaim,
+    claim: ValidatedClaim<'_>,
     template: &SandboxTemplate,
     dns: &DnsMode,
-    allowed_domains: &[String],
 ) -> Result<Sandbox, ClaimProblem> {
-    validate_additional_pod_metadata(&claim.spec.additional_pod_metadata, allowed_domains)
-        .map_err(ClaimProblem::InvalidMetadata)?;
+    let claim = claim.claim();
     let mut blueprint = template.spec.blueprint.clone();
     blueprint.pod_template.metadata = merge_pod_metadata(
         &blueprint.pod_template.metadata,
@@ -432,7 +418,7 @@ pub fn is_candidate(sandbox: &Sandbox, pool: &SandboxWarmPool) -> bool {
             .as_ref()
             .is_some_and(|l| l.contains_key(key))
     };
-    owner.kind == "SandboxWarmPool"
+    owner.kind == kinds::SANDBOX_WARM_POOL
         && owner.uid == pool.metadata.uid.clone().unwrap_or_default()
         && sandbox.metadata.namespace == pool.metadata.namespace
         && sandbox.metadata.deletion_timestamp.is_none()
@@ -507,13 +493,8 @@ pub fn pick(
 /// The pod template changes (and the pod is patched) only when the claim adds pod metadata or the
 /// member carried the safe-to-evict annotation, so a plain warm claim does not touch the live
 /// pod.
-pub fn adoption_patch(
-    sandbox: &Sandbox,
-    claim: &SandboxClaim,
-    allowed_domains: &[String],
-) -> Result<Value, ClaimProblem> {
-    validate_additional_pod_metadata(&claim.spec.additional_pod_metadata, allowed_domains)
-        .map_err(ClaimProblem::InvalidMetadata)?;
+pub fn adoption_patch(sandbox: &Sandbox, claim: ValidatedClaim<'_>) -> Result<Value, ClaimProblem> {
+    let claim = claim.claim();
     let sandbox_name = sandbox.metadata.name.clone().unwrap_or_default();
     let mut annotations_patch =
         Map::from_iter([(annotations::POD_NAME.to_owned(), json!(sandbox_name))]);
@@ -746,6 +727,321 @@ pub fn status(
     status
 }
 
+/// How long a pass waits before looking again after every candidate went to a concurrent claim.
+pub const CONFLICT_RETRY: Duration = Duration::from_millis(50);
+/// How often a claim whose pool or template is missing is looked at again (watches also wake it).
+pub const MISSING_RETRY: Duration = Duration::from_secs(60);
+/// How many candidates one pass tries to adopt before giving up.
+pub const ADOPTION_ATTEMPTS: usize = 3;
+/// Added to the time left before expiry, so that the pass it schedules finds the claim expired.
+const EXPIRY_SLACK: Duration = Duration::from_millis(5);
+
+/// What one pass over a claim found, read before anything is decided: from the caches, and for a
+/// sandbox the caches miss, from the API.
+#[derive(Clone, Copy, Debug)]
+pub struct Observed<'a> {
+    /// The claim, with the freshest status this controller knows of.
+    pub claim: &'a SandboxClaim,
+    /// The sandbox the claim controls, if any.
+    pub sandbox: Option<&'a Sandbox>,
+    /// The pool the claim names, if it exists.
+    pub pool: Option<&'a SandboxWarmPool>,
+    /// The pool's template, if it exists.
+    pub template: Option<&'a SandboxTemplate>,
+    /// Members of the pool a claim may adopt ([`is_candidate`]) that no other pass holds.
+    pub candidates: &'a [&'a Sandbox],
+    /// The time of the pass.
+    pub now: Timestamp,
+}
+
+/// The controller settings a claim pass follows.
+#[derive(Clone, Copy, Debug)]
+pub struct ClaimPolicy<'a> {
+    /// DNS of sandboxes in the secure network mode (for cold sandboxes and staleness).
+    pub dns: &'a DnsMode,
+    /// Label domains a claim's `additionalPodMetadata` may use.
+    pub allowed_label_domains: &'a [String],
+    /// How long a claim waits for a starting member before adopting it anyway.
+    pub warm_wait: Duration,
+    /// Whether the claim's own Events (`ClaimExpired`) are emitted.
+    pub claim_events: bool,
+}
+
+/// One pass's decision: its writes, in order, and when to look again.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan<'a> {
+    /// What the pass writes.
+    pub step: Step<'a>,
+    /// The claim expires in this long: the next pass comes by then whatever the step says.
+    pub expires_in: Option<Duration>,
+}
+
+/// What a pass writes. Where a write can lose to another writer (adoption, creation), the step
+/// names what follows each outcome.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Step<'a> {
+    /// Write this status (`None`: it is unchanged, no write); look again after `retry`, if any.
+    Report {
+        /// The new status.
+        status: Option<SandboxClaimStatus>,
+        /// When to look again (beyond the watches).
+        retry: Option<Duration>,
+    },
+    /// The claim holds `sandbox`: write the status mirroring it (`None`: unchanged), then observe
+    /// the startup latency if the sandbox has just become Ready.
+    Hold {
+        /// The claim's sandbox.
+        sandbox: &'a Sandbox,
+        /// The new status.
+        status: Option<SandboxClaimStatus>,
+    },
+    /// Members are still starting: no writes, look again after this long.
+    Wait(Duration),
+    /// Adopt the first of these members whose conditional write lands, then emit the
+    /// `SandboxAdopted` Event and write the status mirroring it ([`held_status`]). When none
+    /// lands, look again after [`CONFLICT_RETRY`] with a fresher cache.
+    Adopt {
+        /// The attempts, in order.
+        adoptions: Vec<Adoption<'a>>,
+        /// The pool's template, for the creation metric.
+        template: String,
+    },
+    /// Create `sandbox`, then emit the `SandboxProvisioned` Event with `note` and write the status
+    /// mirroring it ([`held_status`]). When a sandbox of that name exists that the claim does not
+    /// control, write [`clash_status`] and look again after [`MISSING_RETRY`].
+    Create {
+        /// The cold sandbox.
+        sandbox: Box<Sandbox>,
+        /// Its template, for the creation metric.
+        template: String,
+        /// The Event's note.
+        note: String,
+    },
+    /// The claim's lifetime is over.
+    Expire(ExpiryWrites),
+}
+
+/// One adoption attempt: the member and the conditional write that moves it to the claim.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Adoption<'a> {
+    /// The member.
+    pub member: &'a Sandbox,
+    /// The merge patch ([`adoption_patch`]).
+    pub patch: Value,
+    /// The `SandboxAdopted` Event's note.
+    pub note: String,
+}
+
+/// The writes of an expired claim, in order: mark it (status, then Event), then delete.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExpiryWrites {
+    /// The status marking the claim expired (`None`: already marked, or unchanged).
+    pub mark: Option<SandboxClaimStatus>,
+    /// The `ClaimExpired` Event's note, when the claim is newly marked and claim Events are on.
+    pub event: Option<String>,
+    /// What is deleted.
+    pub delete: ExpiryDelete,
+}
+
+/// What an expired claim's shutdown policy deletes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExpiryDelete {
+    /// The claim itself (and, through the garbage collector, its sandbox), in the foreground
+    /// (`DeleteForeground`) or the background (`Delete`); conditional on the claim's UID.
+    Claim {
+        /// Foreground propagation.
+        foreground: bool,
+    },
+    /// Only its sandbox (`Retain`), conditional on the sandbox's UID; the claim stays, expired.
+    Sandbox {
+        /// The sandbox's name.
+        name: String,
+        /// The sandbox's UID.
+        uid: Option<String>,
+    },
+    /// Nothing (`Retain` with no sandbox left).
+    Nothing,
+}
+
+/// `status`, unless the claim already has it (an absent status counts as the default one).
+pub fn changed_status(
+    claim: &SandboxClaim,
+    status: SandboxClaimStatus,
+) -> Option<SandboxClaimStatus> {
+    let unchanged = claim.status.as_ref() == Some(&status)
+        || (claim.status.is_none() && status == SandboxClaimStatus::default());
+    (!unchanged).then_some(status)
+}
+
+/// The status write after the claim got `sandbox` (adopted or created), if the status changes.
+pub fn held_status(
+    claim: &SandboxClaim,
+    sandbox: &Sandbox,
+    now: Timestamp,
+) -> Option<SandboxClaimStatus> {
+    changed_status(claim, status(claim, Some(sandbox), None, false, now))
+}
+
+/// The status write after the cold sandbox's name turned out to be taken by a sandbox the claim
+/// does not control.
+pub fn clash_status(claim: &SandboxClaim, now: Timestamp) -> Option<SandboxClaimStatus> {
+    let problem = ClaimProblem::AdoptionConflict(format!(
+        "a Sandbox named {} exists and is not controlled by this claim",
+        claim.metadata.name.as_deref().unwrap_or_default()
+    ));
+    changed_status(claim, status(claim, None, Some(&problem), false, now))
+}
+
+/// The sooner of a step's own `retry` and the claim's expiry: when the next pass must come.
+pub fn requeue_after(retry: Option<Duration>, expires_in: Option<Duration>) -> Option<Duration> {
+    match (retry, expires_in) {
+        (Some(retry), Some(expiry)) => Some(retry.min(expiry)),
+        (one, other) => one.or(other),
+    }
+}
+
+/// Decides one pass over a claim. Expiry comes first (it must find and remove an adopted sandbox
+/// too); then a claim that holds its sandbox mirrors it; else the pool and its template decide
+/// how to get one, after the claim's pod metadata is validated (once).
+pub fn plan<'a>(observed: &Observed<'a>, policy: &ClaimPolicy<'_>) -> Plan<'a> {
+    let Observed {
+        claim,
+        sandbox,
+        now,
+        ..
+    } = *observed;
+    let expires_at = expires_at(claim, sandbox);
+    if expires_at.is_some_and(|at| remaining(at, now).is_none()) {
+        return Plan {
+            step: Step::Expire(expiry(claim, sandbox, policy, now)),
+            expires_in: None,
+        };
+    }
+    Plan {
+        step: serve(observed, policy),
+        expires_in: expires_at
+            .and_then(|at| remaining(at, now))
+            .map(|left| left.saturating_add(EXPIRY_SLACK)),
+    }
+}
+
+fn serve<'a>(observed: &Observed<'a>, policy: &ClaimPolicy<'_>) -> Step<'a> {
+    let Observed {
+        claim,
+        sandbox,
+        pool,
+        template,
+        candidates,
+        now,
+    } = *observed;
+    let report = |problem: ClaimProblem, retry: Option<Duration>| Step::Report {
+        status: changed_status(claim, status(claim, None, Some(&problem), false, now)),
+        retry,
+    };
+    if let Some(sandbox) = sandbox {
+        return Step::Hold {
+            sandbox,
+            status: held_status(claim, sandbox, now),
+        };
+    }
+    let Some(pool) = pool else {
+        return report(ClaimProblem::WarmPoolNotFound, Some(MISSING_RETRY));
+    };
+    let valid = match ValidatedClaim::new(claim, policy.allowed_label_domains) {
+        Ok(valid) => valid,
+        Err(message) => return report(ClaimProblem::InvalidMetadata(message), None),
+    };
+    let template_name = pool.spec.sandbox_template_ref.name.clone();
+    match pick(
+        claim,
+        pool,
+        template,
+        candidates,
+        policy.dns,
+        policy.warm_wait,
+        now,
+    ) {
+        Pick::Wait(after) => Step::Wait(after),
+        Pick::Adopt(names) => Step::Adopt {
+            adoptions: adoptions(valid, candidates, &names),
+            template: template_name,
+        },
+        Pick::Cold => {
+            let Some(template) = template else {
+                let problem = ClaimProblem::TemplateNotFound(format!(
+                    "SandboxTemplate {template_name:?} not found"
+                ));
+                return report(problem, Some(MISSING_RETRY));
+            };
+            match cold_sandbox(valid, template, policy.dns) {
+                Ok(sandbox) => Step::Create {
+                    note: format!(
+                        "created Sandbox {} from SandboxTemplate {template_name}",
+                        sandbox.metadata.name.as_deref().unwrap_or_default()
+                    ),
+                    sandbox: Box::new(sandbox),
+                    template: template_name,
+                },
+                Err(problem) => report(problem, None),
+            }
+        }
+    }
+}
+
+/// The first [`ADOPTION_ATTEMPTS`] of the picked `names` with their writes; a member whose pod
+/// metadata conflicts with the claim's is skipped (it counts as an attempt).
+fn adoptions<'a>(
+    claim: ValidatedClaim<'_>,
+    candidates: &[&'a Sandbox],
+    names: &[String],
+) -> Vec<Adoption<'a>> {
+    names
+        .iter()
+        .take(ADOPTION_ATTEMPTS)
+        .filter_map(|name| {
+            let member = *candidates
+                .iter()
+                .find(|candidate| candidate.metadata.name.as_ref() == Some(name))?;
+            let patch = adoption_patch(member, claim).ok()?;
+            Some(Adoption {
+                member,
+                patch,
+                note: format!(
+                    "adopted warm Sandbox {name} from SandboxWarmPool {}",
+                    claim.claim().spec.warm_pool_ref.name
+                ),
+            })
+        })
+        .collect()
+}
+
+/// The writes of an expired claim: mark it (once), then carry out its shutdown policy.
+fn expiry(
+    claim: &SandboxClaim,
+    sandbox: Option<&Sandbox>,
+    policy: &ClaimPolicy<'_>,
+    now: Timestamp,
+) -> ExpiryWrites {
+    let newly = !marked_expired(claim);
+    let shutdown = shutdown_policy(claim);
+    ExpiryWrites {
+        mark: newly
+            .then(|| changed_status(claim, status(claim, None, None, true, now)))
+            .flatten(),
+        event: (newly && policy.claim_events)
+            .then(|| format!("claim lifecycle expired; shutdownPolicy is {shutdown:?}")),
+        delete: match (shutdown, sandbox) {
+            (ClaimShutdownPolicy::Delete, _) => ExpiryDelete::Claim { foreground: false },
+            (ClaimShutdownPolicy::DeleteForeground, _) => ExpiryDelete::Claim { foreground: true },
+            (ClaimShutdownPolicy::Retain, Some(sandbox)) => ExpiryDelete::Sandbox {
+                name: sandbox.metadata.name.clone().unwrap_or_default(),
+                uid: sandbox.metadata.uid.clone(),
+            },
+            (ClaimShutdownPolicy::Retain, None) => ExpiryDelete::Nothing,
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -767,6 +1063,10 @@ mod tests {
 
     fn allowed() -> Vec<String> {
         vec!["sandbox.users.io".into()]
+    }
+
+    fn valid(claim: &SandboxClaim) -> ValidatedClaim<'_> {
+        ValidatedClaim::new(claim, &allowed()).unwrap()
     }
 
     fn template() -> SandboxTemplate {
@@ -1045,7 +1345,7 @@ mod tests {
         }];
         let mut t = template();
         t.spec.env_vars_injection_policy = EnvVarsInjectionPolicy::Allowed;
-        let sb = cold_sandbox(&c, &t, &dns(), &allowed()).unwrap();
+        let sb = cold_sandbox(valid(&c), &t, &dns()).unwrap();
         assert_eq!(sb.metadata.name.as_deref(), Some("claim-a"));
         let l = sb.metadata.labels.clone().unwrap();
         assert_eq!(l[labels::LAUNCH_TYPE], "cold");
@@ -1053,7 +1353,7 @@ mod tests {
         assert_eq!(l[labels::CREATED_BY], "rust-client");
         assert_eq!(
             sb.metadata.owner_references.as_ref().unwrap()[0].kind,
-            "SandboxClaim"
+            kinds::SANDBOX_CLAIM
         );
         let env = sb.spec.blueprint.pod_template.spec.containers[0]
             .env
@@ -1068,7 +1368,7 @@ mod tests {
                 .automount_service_account_token,
             Some(false)
         );
-        let rejected = cold_sandbox(&c, &template(), &dns(), &allowed()).unwrap_err();
+        let rejected = cold_sandbox(valid(&c), &template(), &dns()).unwrap_err();
         assert!(matches!(rejected, ClaimProblem::EnvRejected(_)));
     }
 
@@ -1158,12 +1458,12 @@ mod tests {
     #[test]
     fn plain_adoption_touches_metadata_only() {
         let m = warm("pool-x1", 10, true);
-        let patch = adoption_patch(&m, &claim(0), &allowed()).unwrap();
+        let patch = adoption_patch(&m, valid(&claim(0))).unwrap();
         assert_eq!(
             patch,
             json!({"metadata": {
                 "resourceVersion": "42",
-                "ownerReferences": [{"apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxClaim",
+                "ownerReferences": [{"apiVersion": agent_sandbox_api::EXTENSIONS_API_VERSION, "kind": kinds::SANDBOX_CLAIM,
                     "name": "claim-a", "uid": "claim-uid", "controller": true, "blockOwnerDeletion": true}],
                 "labels": {
                     "agents.x-k8s.io/warm-pool-sandbox": null,
@@ -1191,7 +1491,7 @@ mod tests {
             .additional_pod_metadata
             .labels
             .insert("sandbox.users.io/session".into(), "s1".into());
-        let patch = adoption_patch(&m, &c, &allowed()).unwrap();
+        let patch = adoption_patch(&m, valid(&c)).unwrap();
         assert_eq!(
             patch["spec"],
             json!({"podTemplate": {"metadata": {
@@ -1262,5 +1562,293 @@ mod tests {
         );
         assert!(ClaimProblem::EnvRejected(String::new()).is_terminal());
         assert!(!ClaimProblem::WarmPoolNotFound.is_terminal());
+    }
+
+    const WAIT: Duration = Duration::from_secs(2);
+
+    fn policy<'a>(dns: &'a DnsMode, allowed: &'a [String]) -> ClaimPolicy<'a> {
+        ClaimPolicy {
+            dns,
+            allowed_label_domains: allowed,
+            warm_wait: WAIT,
+            claim_events: true,
+        }
+    }
+
+    /// The plan for `claim` with the pool and template present and `candidates`.
+    fn planned<'a>(
+        claim: &'a SandboxClaim,
+        sandbox: Option<&'a Sandbox>,
+        pool: Option<&'a SandboxWarmPool>,
+        template: Option<&'a SandboxTemplate>,
+        candidates: &'a [&'a Sandbox],
+    ) -> Plan<'a> {
+        let (dns, allowed) = (dns(), allowed());
+        plan(
+            &Observed {
+                claim,
+                sandbox,
+                pool,
+                template,
+                candidates,
+                now: now(),
+            },
+            &policy(&dns, &allowed),
+        )
+    }
+
+    fn expiring(policy: ClaimShutdownPolicy) -> SandboxClaim {
+        let mut c = claim(0);
+        c.spec.lifecycle = Some(ClaimLifecycle {
+            shutdown_time: Some(Time(now())),
+            ttl_seconds_after_finished: None,
+            shutdown_policy: policy,
+        });
+        c
+    }
+
+    #[test]
+    fn a_warm_claim_plans_the_adoption_of_its_ready_members() {
+        let (c, p, t) = (claim(0), pool(), template());
+        let (old, young) = (warm("old", 40, true), warm("young", 20, true));
+        let candidates = [&young, &old];
+        let plan = planned(&c, None, Some(&p), Some(&t), &candidates);
+        assert_eq!(plan.expires_in, None);
+        let Step::Adopt {
+            adoptions,
+            template,
+        } = plan.step
+        else {
+            panic!("{:?}", plan.step)
+        };
+        assert_eq!(template, "python");
+        let names: Vec<_> = adoptions
+            .iter()
+            .map(|a| a.member.metadata.name.clone().unwrap())
+            .collect();
+        assert_eq!(names, ["old", "young"]);
+        assert_eq!(adoptions[0].patch, adoption_patch(&old, valid(&c)).unwrap());
+        assert_eq!(
+            adoptions[0].note,
+            "adopted warm Sandbox old from SandboxWarmPool pool"
+        );
+    }
+
+    #[test]
+    fn adoption_tries_at_most_three_members() {
+        let (c, p, t) = (claim(0), pool(), template());
+        let members: Vec<Sandbox> = (0..5)
+            .map(|i| warm(&format!("m{i}"), 10 + i, true))
+            .collect();
+        let candidates: Vec<&Sandbox> = members.iter().collect();
+        let Step::Adopt { adoptions, .. } = planned(&c, None, Some(&p), Some(&t), &candidates).step
+        else {
+            panic!("adoption expected")
+        };
+        assert_eq!(adoptions.len(), ADOPTION_ATTEMPTS);
+    }
+
+    #[test]
+    fn a_claim_holding_its_sandbox_writes_only_a_changed_status() {
+        let (c, m) = (claim(0), warm("pool-x1", 10, true));
+        let plan = planned(&c, Some(&m), None, None, &[]);
+        let Step::Hold {
+            sandbox,
+            status: Some(first),
+        } = plan.step
+        else {
+            panic!("{:?}", plan.step)
+        };
+        assert_eq!(sandbox.metadata.name.as_deref(), Some("pool-x1"));
+        assert_eq!(first.sandbox.name, "pool-x1");
+        // The next pass over the written status writes nothing.
+        let mut written = c.clone();
+        written.status = Some(first);
+        let again = planned(&written, Some(&m), None, None, &[]);
+        assert!(
+            matches!(again.step, Step::Hold { status: None, .. }),
+            "{:?}",
+            again.step
+        );
+    }
+
+    /// The Ready condition a `Report` step writes, and its retry.
+    fn reported(step: Step<'_>) -> (Condition, Option<Duration>) {
+        let Step::Report {
+            status: Some(status),
+            retry,
+        } = step
+        else {
+            panic!("a status report expected: {step:?}")
+        };
+        let ready = find_condition(&status.conditions, claim_cond::READY).unwrap();
+        (ready.clone(), retry)
+    }
+
+    #[test]
+    fn missing_pools_and_templates_are_reported_and_looked_at_again() {
+        let c = claim(0);
+        let (ready, retry) = reported(planned(&c, None, None, None, &[]).step);
+        assert_eq!(retry, Some(MISSING_RETRY));
+        assert_eq!(ready.reason, claim_cond::REASON_WARM_POOL_NOT_FOUND);
+
+        // No members: cold, but the template is missing.
+        let p = pool();
+        let (ready, retry) = reported(planned(&c, None, Some(&p), None, &[]).step);
+        assert_eq!(retry, Some(MISSING_RETRY));
+        assert_eq!(
+            (ready.reason.as_str(), ready.message.as_str()),
+            (
+                claim_cond::REASON_TEMPLATE_NOT_FOUND,
+                "SandboxTemplate \"python\" not found"
+            )
+        );
+    }
+
+    #[test]
+    fn invalid_pod_metadata_is_reported_before_any_write_to_a_sandbox() {
+        let mut c = claim(0);
+        c.spec
+            .additional_pod_metadata
+            .labels
+            .insert("example.com/x".into(), "a".into());
+        let (p, t, m) = (pool(), template(), warm("a", 10, true));
+        let candidates = [&m];
+        let (ready, retry) = reported(planned(&c, None, Some(&p), Some(&t), &candidates).step);
+        assert_eq!(retry, None);
+        assert_eq!(ready.reason, claim_cond::REASON_INVALID_METADATA);
+        assert!(
+            ready.message.contains("not in the allowlist"),
+            "{}",
+            ready.message
+        );
+    }
+
+    #[test]
+    fn starting_members_are_waited_for_and_no_members_means_cold() {
+        let (c, p, t) = (claim(0), pool(), template());
+        let starting = warm("a", 1, false);
+        let candidates = [&starting];
+        assert_eq!(
+            planned(&c, None, Some(&p), Some(&t), &candidates).step,
+            Step::Wait(WAIT)
+        );
+        let plan = planned(&c, None, Some(&p), Some(&t), &[]);
+        let Step::Create {
+            sandbox,
+            template,
+            note,
+        } = plan.step
+        else {
+            panic!("{:?}", plan.step)
+        };
+        assert_eq!(*sandbox, cold_sandbox(valid(&c), &t, &dns()).unwrap());
+        assert_eq!(template, "python");
+        assert_eq!(note, "created Sandbox claim-a from SandboxTemplate python");
+    }
+
+    #[test]
+    fn an_expired_claim_is_marked_once_then_deleted_by_its_policy() {
+        let c = expiring(ClaimShutdownPolicy::Delete);
+        let Step::Expire(expiry) = planned(&c, None, None, None, &[]).step else {
+            panic!("expiry expected")
+        };
+        let mark = expiry.mark.clone().unwrap();
+        assert_eq!(
+            find_condition(&mark.conditions, claim_cond::READY)
+                .unwrap()
+                .reason,
+            claim_cond::REASON_CLAIM_EXPIRED
+        );
+        assert_eq!(
+            expiry.event.as_deref(),
+            Some("claim lifecycle expired; shutdownPolicy is Delete")
+        );
+        assert_eq!(expiry.delete, ExpiryDelete::Claim { foreground: false });
+
+        let mut marked = c.clone();
+        marked.status = Some(mark);
+        let Step::Expire(again) = planned(&marked, None, None, None, &[]).step else {
+            panic!("expiry expected")
+        };
+        assert_eq!((again.mark, again.event), (None, None));
+
+        let foreground = expiring(ClaimShutdownPolicy::DeleteForeground);
+        let Step::Expire(expiry) = planned(&foreground, None, None, None, &[]).step else {
+            panic!("expiry expected")
+        };
+        assert_eq!(expiry.delete, ExpiryDelete::Claim { foreground: true });
+
+        let retain = expiring(ClaimShutdownPolicy::Retain);
+        let m = warm("pool-x1", 10, true);
+        let Step::Expire(expiry) = planned(&retain, Some(&m), None, None, &[]).step else {
+            panic!("expiry expected")
+        };
+        assert_eq!(
+            expiry.delete,
+            ExpiryDelete::Sandbox {
+                name: "pool-x1".into(),
+                uid: None
+            }
+        );
+        let Step::Expire(expiry) = planned(&retain, None, None, None, &[]).step else {
+            panic!("expiry expected")
+        };
+        assert_eq!(expiry.delete, ExpiryDelete::Nothing);
+    }
+
+    #[test]
+    fn expiry_events_follow_the_setting_and_the_next_pass_comes_by_the_expiry() {
+        let c = expiring(ClaimShutdownPolicy::Delete);
+        let (dns, allowed) = (dns(), allowed());
+        let quiet = ClaimPolicy {
+            claim_events: false,
+            ..policy(&dns, &allowed)
+        };
+        let observed = Observed {
+            claim: &c,
+            sandbox: None,
+            pool: None,
+            template: None,
+            candidates: &[],
+            now: now(),
+        };
+        let Step::Expire(expiry) = plan(&observed, &quiet).step else {
+            panic!("expiry expected")
+        };
+        assert!(expiry.mark.is_some());
+        assert_eq!(expiry.event, None);
+
+        let later = Observed {
+            now: now() - k8s_openapi::jiff::SignedDuration::from_secs(10),
+            ..observed
+        };
+        let plan = plan(&later, &quiet);
+        assert_eq!(plan.expires_in, Some(Duration::from_millis(10_005)));
+        assert_eq!(
+            requeue_after(Some(MISSING_RETRY), plan.expires_in),
+            plan.expires_in
+        );
+        assert_eq!(
+            requeue_after(Some(CONFLICT_RETRY), plan.expires_in),
+            Some(CONFLICT_RETRY)
+        );
+        assert_eq!(requeue_after(None, None), None);
+    }
+
+    #[test]
+    fn statuses_after_a_write_that_won_or_lost() {
+        let (c, m) = (claim(0), warm("pool-x1", 10, true));
+        let held = held_status(&c, &m, now()).unwrap();
+        assert_eq!(held.sandbox.name, "pool-x1");
+        let clash = clash_status(&c, now()).unwrap();
+        let ready = find_condition(&clash.conditions, claim_cond::READY).unwrap();
+        assert_eq!(ready.reason, claim_cond::REASON_ADOPTION_CONFLICT);
+        assert!(
+            ready.message.starts_with("a Sandbox named claim-a exists"),
+            "{}",
+            ready.message
+        );
+        assert_eq!(changed_status(&c, SandboxClaimStatus::default()), None);
     }
 }

@@ -9,12 +9,12 @@ use std::time::Duration;
 
 use agent_sandbox_api::conditions::sandbox as cond;
 use agent_sandbox_api::sandbox::{OperatingMode, SandboxStatus};
-use agent_sandbox_api::{Sandbox, annotations, labels, name_hash};
+use agent_sandbox_api::{Sandbox, annotations, kinds, labels, name_hash};
 use k8s_openapi::api::core::v1::{
     PersistentVolumeClaim, PersistentVolumeClaimVolumeSource, Pod, PodSpec, Service, ServicePort,
     ServiceSpec, Volume,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Map, Value, json};
@@ -641,39 +641,62 @@ pub fn status(
     cluster_domain: &str,
     now: Timestamp,
 ) -> SandboxStatus {
-    let generation = sandbox.metadata.generation;
     let mut status = sandbox.status.clone().unwrap_or_default();
     let owned_pod = observed
         .pod
         .filter(|pod| ownership(&pod.metadata, uid(sandbox)) == Ownership::Owned);
+    set_pod_fields(&mut status, sandbox, observed.pod, owned_pod);
+    set_service_fields(&mut status, observed.service, cluster_domain);
+    let conditions = &mut status.conditions;
+    // Suspended: always written.
+    set_condition(
+        conditions,
+        suspended_condition(sandbox, observed, owned_pod),
+        now,
+    );
+    // Finished: only while the owned pod is terminal.
+    match finished_condition(sandbox, owned_pod) {
+        Some(finished) => set_condition(conditions, finished, now),
+        None => remove_condition(conditions, cond::FINISHED),
+    }
+    // PodScheduled: mirrors the owned pod's.
+    match pod_scheduled_condition(sandbox, observed, owned_pod) {
+        Some(scheduled) => set_condition(conditions, scheduled, now),
+        None => remove_condition(conditions, cond::POD_SCHEDULED),
+    }
+    set_condition(conditions, ready_condition(sandbox, observed), now);
+    status
+}
 
-    // Pod-derived fields.
-    match (observed.pod, owned_pod) {
-        (None, _) => {
+/// `selector`, `podIPs` and `nodeName`: from the pod when the sandbox owns it.
+fn set_pod_fields(
+    status: &mut SandboxStatus,
+    sandbox: &Sandbox,
+    pod: Option<&Pod>,
+    owned_pod: Option<&Pod>,
+) {
+    if pod.is_some() {
+        status.selector = selector(sandbox);
+    }
+    match owned_pod {
+        Some(pod) => {
+            status.pod_ips = pod_ips(pod);
+            status.node_name = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.clone())
+                .unwrap_or_default();
+        }
+        None => {
             status.pod_ips.clear();
             status.node_name.clear();
         }
-        (Some(_), owned) => {
-            status.selector = selector(sandbox);
-            match owned {
-                Some(pod) => {
-                    status.pod_ips = pod_ips(pod);
-                    status.node_name = pod
-                        .spec
-                        .as_ref()
-                        .and_then(|s| s.node_name.clone())
-                        .unwrap_or_default();
-                }
-                None => {
-                    status.pod_ips.clear();
-                    status.node_name.clear();
-                }
-            }
-        }
     }
+}
 
-    // Service fields.
-    match observed.service {
+/// `service` and `serviceFQDN`: from the Service, when there is one.
+fn set_service_fields(status: &mut SandboxStatus, service: Option<&Service>, cluster_domain: &str) {
+    match service {
         Some(service) => {
             let name = service.metadata.name.clone().unwrap_or_default();
             let namespace = service.metadata.namespace.clone().unwrap_or_default();
@@ -685,140 +708,117 @@ pub fn status(
             status.service_fqdn.clear();
         }
     }
+}
 
-    let suspended_mode = sandbox.spec.operating_mode == OperatingMode::Suspended;
+fn unknown(mut condition: Condition) -> Condition {
+    condition.status = "Unknown".into();
+    condition
+}
 
-    // Suspended: always written.
-    let suspended = if !suspended_mode {
-        condition(
-            cond::SUSPENDED,
+fn suspended_condition(
+    sandbox: &Sandbox,
+    observed: &Observed<'_>,
+    owned_pod: Option<&Pod>,
+) -> Condition {
+    let generation = sandbox.metadata.generation;
+    let suspended = |status: bool, reason: &str, message: &str| {
+        condition(cond::SUSPENDED, status, reason, message, generation)
+    };
+    if sandbox.spec.operating_mode != OperatingMode::Suspended {
+        suspended(
             false,
             cond::REASON_NOT_SUSPENDED,
             "Sandbox is not suspended",
-            generation,
         )
     } else if observed.pod.is_none() && observed.pod_lookup_failed {
-        let mut c = condition(
-            cond::SUSPENDED,
+        unknown(suspended(
             false,
             cond::REASON_POD_STATE_UNKNOWN,
             "Pod state is unknown. Sandbox suspension cannot be confirmed",
-            generation,
-        );
-        c.status = "Unknown".into();
-        c
+        ))
     } else if observed.pod.is_none() {
-        condition(
-            cond::SUSPENDED,
+        suspended(
             true,
             cond::REASON_POD_TERMINATED,
             "Pod has been terminated. Sandbox is suspended",
-            generation,
         )
     } else if owned_pod.is_none() {
-        condition(
-            cond::SUSPENDED,
+        suspended(
             false,
             cond::REASON_POD_NOT_OWNED,
             "Refused to delete pod because it is not owned by this sandbox",
-            generation,
         )
     } else {
-        condition(
-            cond::SUSPENDED,
+        suspended(
             false,
             cond::REASON_POD_TERMINATING,
             "Pod is terminating. Sandbox is suspending",
-            generation,
         )
-    };
-    set_condition(&mut status.conditions, suspended, now);
-
-    // Finished: only while the owned pod is terminal.
-    match owned_pod.map(pod_phase) {
-        Some("Succeeded") => set_condition(
-            &mut status.conditions,
-            condition(
-                cond::FINISHED,
-                true,
-                cond::REASON_POD_SUCCEEDED,
-                "Pod completed successfully",
-                generation,
-            ),
-            now,
-        ),
-        Some("Failed") => set_condition(
-            &mut status.conditions,
-            condition(
-                cond::FINISHED,
-                true,
-                cond::REASON_POD_FAILED,
-                "Pod failed",
-                generation,
-            ),
-            now,
-        ),
-        _ => remove_condition(&mut status.conditions, cond::FINISHED),
     }
+}
 
-    // PodScheduled: mirrors the owned pod's.
+/// `Finished`, while the owned pod is terminal.
+fn finished_condition(sandbox: &Sandbox, owned_pod: Option<&Pod>) -> Option<Condition> {
+    let (reason, message) = match owned_pod.map(pod_phase) {
+        Some("Succeeded") => (cond::REASON_POD_SUCCEEDED, "Pod completed successfully"),
+        Some("Failed") => (cond::REASON_POD_FAILED, "Pod failed"),
+        _ => return None,
+    };
+    Some(condition(
+        cond::FINISHED,
+        true,
+        reason,
+        message,
+        sandbox.metadata.generation,
+    ))
+}
+
+/// `PodScheduled`: the owned pod's, Unknown while the pod cannot be looked up; none without an
+/// owned pod.
+fn pod_scheduled_condition(
+    sandbox: &Sandbox,
+    observed: &Observed<'_>,
+    owned_pod: Option<&Pod>,
+) -> Option<Condition> {
+    let generation = sandbox.metadata.generation;
     if observed.pod.is_none() && observed.pod_lookup_failed {
-        let mut c = condition(
+        return Some(unknown(condition(
             cond::POD_SCHEDULED,
             false,
             cond::REASON_POD_SCHEDULING_UNKNOWN,
             "Pod state is unknown. Pod scheduling cannot be determined",
             generation,
-        );
-        c.status = "Unknown".into();
-        set_condition(&mut status.conditions, c, now);
-    } else if let Some(pod) = owned_pod {
-        let c = match pod_condition(pod, "PodScheduled") {
-            Some(scheduled) => {
-                let reason = match (scheduled.reason.as_deref(), scheduled.status.as_str()) {
-                    (Some(reason), _) if !reason.is_empty() => reason.to_owned(),
-                    (_, "True") => cond::REASON_POD_SCHEDULED.to_owned(),
-                    _ => cond::REASON_POD_SCHEDULING_UNKNOWN.to_owned(),
-                };
-                let mut c = condition(
-                    cond::POD_SCHEDULED,
-                    true,
-                    &reason,
-                    scheduled.message.clone().unwrap_or_default(),
-                    generation,
-                );
-                c.status = scheduled.status.clone();
-                c
-            }
-            None => {
-                let mut c = condition(
-                    cond::POD_SCHEDULED,
-                    false,
-                    cond::REASON_POD_SCHEDULING_UNKNOWN,
-                    "Pod has not reported a PodScheduled condition yet",
-                    generation,
-                );
-                c.status = "Unknown".into();
-                c
-            }
-        };
-        set_condition(&mut status.conditions, c, now);
-    } else {
-        remove_condition(&mut status.conditions, cond::POD_SCHEDULED);
+        )));
     }
-
-    set_condition(
-        &mut status.conditions,
-        ready_condition(sandbox, observed),
-        now,
-    );
-    status
+    let pod = owned_pod?;
+    Some(match pod_condition(pod, "PodScheduled") {
+        Some(scheduled) => {
+            let reason = match (scheduled.reason.as_deref(), scheduled.status.as_str()) {
+                (Some(reason), _) if !reason.is_empty() => reason.to_owned(),
+                (_, "True") => cond::REASON_POD_SCHEDULED.to_owned(),
+                _ => cond::REASON_POD_SCHEDULING_UNKNOWN.to_owned(),
+            };
+            let mut c = condition(
+                cond::POD_SCHEDULED,
+                true,
+                &reason,
+                scheduled.message.clone().unwrap_or_default(),
+                generation,
+            );
+            c.status = scheduled.status.clone();
+            c
+        }
+        None => unknown(condition(
+            cond::POD_SCHEDULED,
+            false,
+            cond::REASON_POD_SCHEDULING_UNKNOWN,
+            "Pod has not reported a PodScheduled condition yet",
+            generation,
+        )),
+    })
 }
 
-fn ready_condition(
-    sandbox: &Sandbox,
-    observed: &Observed<'_>,
-) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+fn ready_condition(sandbox: &Sandbox, observed: &Observed<'_>) -> Condition {
     let generation = sandbox.metadata.generation;
     let not_ready =
         |reason: &str, message: String| condition(cond::READY, false, reason, message, generation);
@@ -929,7 +929,7 @@ pub fn rejected_pod_template(sandbox: &Sandbox) -> Option<String> {
 pub fn owning_pool(sandbox: &Sandbox) -> Option<(&str, &str)> {
     controller_of(&sandbox.metadata)
         .filter(|owner| {
-            owner.kind == "SandboxWarmPool"
+            owner.kind == kinds::SANDBOX_WARM_POOL
                 && owner.api_version.split('/').next() == Some(agent_sandbox_api::EXTENSIONS_GROUP)
         })
         .map(|owner| (owner.name.as_str(), owner.uid.as_str()))
@@ -1023,7 +1023,7 @@ mod tests {
         let owner = &pod.metadata.owner_references.unwrap()[0];
         assert_eq!(
             (owner.kind.as_str(), owner.controller),
-            ("Sandbox", Some(true))
+            (kinds::SANDBOX, Some(true))
         );
     }
 
@@ -1230,17 +1230,19 @@ mod tests {
             }
         };
         sb.metadata.owner_references = Some(vec![pool_reference(
-            "extensions.agents.x-k8s.io/v1beta1",
-            "SandboxWarmPool",
+            agent_sandbox_api::EXTENSIONS_API_VERSION,
+            kinds::SANDBOX_WARM_POOL,
         )]);
         assert_eq!(owning_pool(&sb), Some(("pool", "pool-uid")));
         sb.metadata.owner_references = Some(vec![pool_reference(
-            "extensions.agents.x-k8s.io/v1beta1",
-            "SandboxClaim",
+            agent_sandbox_api::EXTENSIONS_API_VERSION,
+            kinds::SANDBOX_CLAIM,
         )]);
         assert_eq!(owning_pool(&sb), None, "claimed");
-        sb.metadata.owner_references =
-            Some(vec![pool_reference("example.com/v1", "SandboxWarmPool")]);
+        sb.metadata.owner_references = Some(vec![pool_reference(
+            "example.com/v1",
+            kinds::SANDBOX_WARM_POOL,
+        )]);
         assert_eq!(owning_pool(&sb), None, "another group's kind");
     }
 

@@ -1,5 +1,6 @@
 //! Decisions of the SandboxWarmPool reconciler: what a member looks like, which members are
-//! stale, which to delete, how many to create, and the pool's status.
+//! stale, which to delete, how many to create, and the pool's status; [`plan`] puts them together
+//! into one pass's writes, in order, which `reconcile::warm_pool` carries out.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -14,11 +15,12 @@ use agent_sandbox_api::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
+use serde_json::{Value, json};
 
 use super::secure_defaults::{self, DnsMode};
 use super::{
-    after, condition, controller_reference, find_condition, is_condition_true, remaining,
-    remove_condition, set_condition,
+    Ownership, after, condition, controller_reference, find_condition, is_condition_true,
+    ownership, remaining, remove_condition, set_condition,
 };
 
 /// Settings that shape pool members.
@@ -181,7 +183,7 @@ pub fn still_wanted(pool: Option<&ObjectMeta>, uid: &str) -> bool {
     pool.is_some_and(|meta| meta.uid.as_deref() == Some(uid) && meta.deletion_timestamp.is_none())
 }
 
-/// Tunables of [`plan`].
+/// Tunables of [`plan_members`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PlanSettings {
     /// Members not Ready after this long are replaced (unschedulable ones are held).
@@ -196,7 +198,7 @@ pub struct PlanSettings {
 
 /// What the pool reconciler should do in one pass.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Plan {
+pub struct MemberPlan {
     /// How many new members to create.
     pub create: usize,
     /// Members to delete, by name, with the reason.
@@ -211,31 +213,55 @@ pub struct Plan {
 
 /// Plans a pass over `members` (the pool's current members, from the cache) given `pending`
 /// creations not yet visible in the cache.
-pub fn plan(
+pub fn plan_members(
     pool: &SandboxWarmPool,
     template: Option<&SandboxTemplate>,
     members: &[&Sandbox],
     pending: usize,
     settings: &PlanSettings,
     now: Timestamp,
-) -> Plan {
-    let mut plan = Plan::default();
+) -> MemberPlan {
+    let mut plan = MemberPlan::default();
     let requested = usize::try_from(pool.spec.replicas.max(0)).unwrap_or(0);
     let desired = requested.min(settings.max_replicas);
     let recreate = pool.spec.update_strategy_type() == UpdateStrategyType::Recreate;
+    let (mut kept, deleting) = triage(
+        members,
+        template.filter(|_| recreate),
+        settings,
+        now,
+        &mut plan,
+    );
+    scale_down(&mut kept, desired, &mut plan);
+    // Members being deleted count against the target, so that a slow deletion cannot make the
+    // pool overshoot; so do creations the cache has not shown yet.
+    let present = kept.len() + deleting + pending;
+    if template.is_some() {
+        plan.create = desired.saturating_sub(present).min(settings.max_batch);
+    }
+    plan.status = pool_status(pool, &kept, requested, desired, now);
+    plan
+}
+
+/// Sorts `members` into those kept and those to delete (stale under `recreate_for`'s template,
+/// or not Ready within the grace period unless unschedulable); returns the kept ones and how
+/// many are being deleted already.
+fn triage<'a>(
+    members: &[&'a Sandbox],
+    recreate_for: Option<&SandboxTemplate>,
+    settings: &PlanSettings,
+    now: Timestamp,
+    plan: &mut MemberPlan,
+) -> (Vec<&'a Sandbox>, usize) {
     let mut kept: Vec<&Sandbox> = Vec::new();
     let mut deleting = 0usize;
-
     for member in members {
         let name = member.metadata.name.clone().unwrap_or_default();
         if is_deleting(member) {
             deleting += 1;
             continue;
         }
-        if recreate
-            && let Some(template) = template
-            && is_stale(member, template, &settings.dns)
-        {
+        if recreate_for.is_some_and(|template| is_stale(member, template, &settings.dns)) {
             plan.delete.push((name, "stale"));
             continue;
         }
@@ -256,34 +282,41 @@ pub fn plan(
         }
         kept.push(member);
     }
+    (kept, deleting)
+}
 
-    // Scale down: unready first, then newest first.
-    if kept.len() > desired {
-        let mut order = kept.clone();
-        order.sort_by(|a, b| {
-            is_ready(a)
-                .cmp(&is_ready(b))
-                .then(created(b).cmp(&created(a)))
-                .then(b.metadata.name.cmp(&a.metadata.name))
-        });
-        let excess = kept.len() - desired;
-        let doomed: Vec<String> = order
-            .iter()
-            .take(excess)
-            .filter_map(|m| m.metadata.name.clone())
-            .collect();
-        kept.retain(|m| !doomed.contains(m.metadata.name.as_ref().unwrap_or(&String::new())));
-        plan.delete
-            .extend(doomed.into_iter().map(|name| (name, "scale down")));
+/// Scale down to `desired`: unready members first, then the newest.
+fn scale_down(kept: &mut Vec<&Sandbox>, desired: usize, plan: &mut MemberPlan) {
+    if kept.len() <= desired {
+        return;
     }
+    let mut order = kept.clone();
+    order.sort_by(|a, b| {
+        is_ready(a)
+            .cmp(&is_ready(b))
+            .then(created(b).cmp(&created(a)))
+            .then(b.metadata.name.cmp(&a.metadata.name))
+    });
+    let excess = kept.len() - desired;
+    let doomed: Vec<String> = order
+        .iter()
+        .take(excess)
+        .filter_map(|m| m.metadata.name.clone())
+        .collect();
+    kept.retain(|m| !doomed.contains(m.metadata.name.as_ref().unwrap_or(&String::new())));
+    plan.delete
+        .extend(doomed.into_iter().map(|name| (name, "scale down")));
+}
 
-    // Members being deleted count against the target, so that a slow deletion cannot make the
-    // pool overshoot; so do creations the cache has not shown yet.
-    let present = kept.len() + deleting + pending;
-    if template.is_some() {
-        plan.create = desired.saturating_sub(present).min(settings.max_batch);
-    }
-
+/// The pool's status after a pass that keeps `kept`; `Capped` says when `requested` is more than
+/// the `desired` this controller keeps.
+fn pool_status(
+    pool: &SandboxWarmPool,
+    kept: &[&Sandbox],
+    requested: usize,
+    desired: usize,
+    now: Timestamp,
+) -> SandboxWarmPoolStatus {
     let ready = kept.iter().filter(|m| is_ready(m)).count();
     let mut conditions = pool
         .status
@@ -310,14 +343,106 @@ pub fn plan(
     } else {
         remove_condition(&mut conditions, pool_cond::CAPPED);
     }
-    plan.status = SandboxWarmPoolStatus {
+    SandboxWarmPoolStatus {
         replicas: i32::try_from(kept.len()).unwrap_or(i32::MAX),
         ready_replicas: i32::try_from(ready).unwrap_or(i32::MAX),
         selector: format!("{}={}", labels::WARM_POOL_SANDBOX, pool_hash(pool)),
         observed_generation: pool.metadata.generation.unwrap_or(0),
         conditions,
-    };
-    plan
+    }
+}
+
+/// A pass's writes, in the order the reconciler carries them out: adopt orphans, delete
+/// members, the `WarmPoolNotProgressing` Event, the status (before the creations, which are
+/// paced and may take a while: a `Capped` pool says so at once), then the creations.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan<'a> {
+    /// Sandboxes with the pool's label and no controller, and the conditional write that makes
+    /// the pool their controller (they count as members from the next pass on).
+    pub orphans: Vec<(&'a Sandbox, Value)>,
+    /// Members to delete (conditional on their UID), with the reason.
+    pub delete: Vec<(&'a Sandbox, &'static str)>,
+    /// The Event's note, when members are held although not Ready in time.
+    pub not_progressing: Option<String>,
+    /// The status to write (`None`: unchanged).
+    pub status: Option<SandboxWarmPoolStatus>,
+    /// The member to create, and how many of it.
+    pub create: Option<(Sandbox, usize)>,
+    /// When to look again (the earliest readiness deadline), if any.
+    pub recheck_after: Option<Duration>,
+}
+
+/// What one pass over a pool found in the caches.
+#[derive(Clone, Copy, Debug)]
+pub struct Observed<'a> {
+    /// The pool's template, if it exists.
+    pub template: Option<&'a SandboxTemplate>,
+    /// The sandboxes carrying the pool's label.
+    pub labelled: &'a [&'a Sandbox],
+    /// Members created that the cache does not show yet.
+    pub pending: usize,
+    /// The freshest status known (what this controller wrote last, while the cache lags).
+    pub current: Option<&'a SandboxWarmPoolStatus>,
+    /// The time of the pass.
+    pub now: Timestamp,
+}
+
+/// Decides one pass over `pool`.
+pub fn plan<'a>(
+    pool: &SandboxWarmPool,
+    observed: &Observed<'a>,
+    settings: &PlanSettings,
+    member_settings: &MemberSettings,
+) -> Plan<'a> {
+    let Observed {
+        template,
+        labelled,
+        pending,
+        current,
+        now,
+    } = *observed;
+    let uid = pool.metadata.uid.as_deref().unwrap_or_default();
+    let mut members = Vec::new();
+    let mut orphans = Vec::new();
+    for sandbox in labelled {
+        match ownership(&sandbox.metadata, uid) {
+            Ownership::Owned => members.push(*sandbox),
+            Ownership::Unowned => {
+                let patch = json!({"metadata": {
+                    "resourceVersion": sandbox.metadata.resource_version,
+                    "ownerReferences": [controller_reference(pool)],
+                }});
+                orphans.push((*sandbox, patch));
+            }
+            Ownership::OwnedByOther(_) => {}
+        }
+    }
+    let plan = plan_members(pool, template, &members, pending, settings, now);
+    let delete = plan
+        .delete
+        .iter()
+        .filter_map(|(name, reason)| {
+            let member = members
+                .iter()
+                .find(|m| m.metadata.name.as_ref() == Some(name))?;
+            Some((*member, *reason))
+        })
+        .collect();
+    Plan {
+        orphans,
+        delete,
+        not_progressing: (!plan.unschedulable.is_empty()).then(|| {
+            format!(
+                "members cannot be scheduled and are held instead of replaced: {}",
+                plan.unschedulable.join(", ")
+            )
+        }),
+        status: (current != Some(&plan.status)).then(|| plan.status.clone()),
+        create: template
+            .filter(|_| plan.create > 0)
+            .map(|template| (member(pool, template, member_settings), plan.create)),
+        recheck_after: plan.recheck_after,
+    }
 }
 
 #[cfg(test)]
@@ -408,7 +533,7 @@ mod tests {
         assert_eq!(l[labels::CREATED_BY], "controller");
         assert_eq!(
             m.metadata.owner_references.unwrap()[0].kind,
-            "SandboxWarmPool"
+            agent_sandbox_api::kinds::SANDBOX_WARM_POOL
         );
         assert_eq!(
             m.spec
@@ -445,7 +570,7 @@ mod tests {
         let a = built("a", 10, true);
         let mut b = built("b", 10, false);
         b.metadata.deletion_timestamp = Some(Time(now()));
-        let plan = plan(
+        let plan = plan_members(
             &pool(5),
             Some(&template()),
             &[&a, &b],
@@ -461,7 +586,7 @@ mod tests {
             plan.status.selector,
             format!("agents.x-k8s.io/warm-pool-sandbox={}", name_hash("pool"))
         );
-        let capped = super::plan(
+        let capped = super::plan_members(
             &pool(500),
             Some(&template()),
             &[],
@@ -473,7 +598,7 @@ mod tests {
             now(),
         );
         assert_eq!(capped.create, 8);
-        let no_template = super::plan(&pool(5), None, &[], 0, &plan_settings(), now());
+        let no_template = super::plan_members(&pool(5), None, &[], 0, &plan_settings(), now());
         assert_eq!(no_template.create, 0);
     }
 
@@ -487,7 +612,7 @@ mod tests {
         let members: Vec<Sandbox> = (0..3).map(|i| built(&format!("m{i}"), 10, true)).collect();
         let refs: Vec<&Sandbox> = members.iter().collect();
         let huge = pool(1_000_000);
-        let capped = plan(&huge, Some(&template()), &refs, 0, &settings, now());
+        let capped = plan_members(&huge, Some(&template()), &refs, 0, &settings, now());
         assert_eq!(
             capped.create, 1,
             "filled to the maximum, not to spec.replicas"
@@ -518,7 +643,7 @@ mod tests {
         let mut again = huge.clone();
         again.status = Some(capped.status.clone());
         let later = now() + k8s_openapi::jiff::SignedDuration::from_secs(60);
-        let shrunk = plan(&again, Some(&template()), &refs, 0, &settings, later);
+        let shrunk = plan_members(&again, Some(&template()), &refs, 0, &settings, later);
         assert_eq!(shrunk.delete, vec![("m0".into(), "scale down")]);
         assert_eq!(
             shrunk.status.conditions, capped.status.conditions,
@@ -528,7 +653,7 @@ mod tests {
         // Back under the maximum: the condition goes.
         let mut fits = pool(4);
         fits.status = Some(capped.status);
-        let within = plan(&fits, Some(&template()), &refs[..4], 0, &settings, later);
+        let within = plan_members(&fits, Some(&template()), &refs[..4], 0, &settings, later);
         assert!(within.status.conditions.is_empty());
         assert_eq!(within.create, 0);
     }
@@ -552,7 +677,7 @@ mod tests {
         let old_ready = built("old-ready", 100, true);
         let new_ready = built("new-ready", 10, true);
         let unready = built("unready", 50, false);
-        let plan = plan(
+        let plan = plan_members(
             &pool(1),
             Some(&template()),
             &[&old_ready, &new_ready, &unready],
@@ -581,7 +706,7 @@ mod tests {
             now(),
         );
         let young = built("young", 100, false);
-        let plan = plan(
+        let plan = plan_members(
             &pool(3),
             Some(&template()),
             &[&late, &stuck, &young],
@@ -619,7 +744,7 @@ mod tests {
         recreate.spec.update_strategy = Some(UpdateStrategy {
             type_: UpdateStrategyType::Recreate,
         });
-        let plan1 = plan(
+        let plan1 = plan_members(
             &recreate,
             Some(&changed),
             &[&fresh],
@@ -629,7 +754,7 @@ mod tests {
         );
         assert_eq!(plan1.delete, vec![("fresh".into(), "stale")]);
         assert_eq!(plan1.create, 1);
-        let plan2 = plan(
+        let plan2 = plan_members(
             &pool(1),
             Some(&changed),
             &[&fresh],
@@ -638,5 +763,88 @@ mod tests {
             now(),
         );
         assert!(plan2.delete.is_empty(), "OnReplenish keeps stale members");
+    }
+
+    #[test]
+    fn a_pass_adopts_orphans_deletes_by_uid_and_writes_a_changed_status_only() {
+        let p = pool(1);
+        let (t, kept) = (template(), built("kept", 10, true));
+        let mut extra = built("extra", 5, true);
+        extra.metadata.uid = Some("uid-extra".into());
+        let mut orphan = built("orphan", 5, true);
+        orphan.metadata.owner_references = None;
+        orphan.metadata.resource_version = Some("12".into());
+        let mut foreign = built("foreign", 5, true);
+        foreign.metadata.owner_references = Some(vec![controller_reference(&pool(9))]);
+        foreign.metadata.owner_references.as_mut().unwrap()[0].uid = "other".into();
+        let labelled = [&kept, &extra, &orphan, &foreign];
+        let observed = Observed {
+            template: Some(&t),
+            labelled: &labelled,
+            pending: 0,
+            current: None,
+            now: now(),
+        };
+        let pass = plan(&p, &observed, &plan_settings(), &settings());
+        assert_eq!(pass.orphans.len(), 1);
+        assert_eq!(pass.orphans[0].0.metadata.name.as_deref(), Some("orphan"));
+        assert_eq!(
+            pass.orphans[0].1,
+            json!({"metadata": {
+                "resourceVersion": "12",
+                "ownerReferences": [controller_reference(&p)],
+            }})
+        );
+        // The foreign member is neither adopted nor counted; the newer of the two owned goes.
+        let deleted: Vec<_> = pass
+            .delete
+            .iter()
+            .map(|(m, reason)| (m.metadata.uid.as_deref(), *reason))
+            .collect();
+        assert_eq!(deleted, [(Some("uid-extra"), "scale down")]);
+        assert_eq!(pass.create, None);
+        assert_eq!(pass.not_progressing, None);
+        let status = pass.status.clone().unwrap();
+        assert_eq!((status.replicas, status.ready_replicas), (1, 1));
+
+        let only_kept = [&kept];
+        let unchanged = pass_with(&p, Some(&t), &only_kept, Some(&status));
+        assert_eq!(unchanged.status, None);
+    }
+
+    fn pass_with<'a>(
+        pool: &SandboxWarmPool,
+        template: Option<&'a SandboxTemplate>,
+        labelled: &'a [&'a Sandbox],
+        current: Option<&'a SandboxWarmPoolStatus>,
+    ) -> Plan<'a> {
+        let observed = Observed {
+            template,
+            labelled,
+            pending: 0,
+            current,
+            now: now(),
+        };
+        plan(pool, &observed, &plan_settings(), &settings())
+    }
+
+    #[test]
+    fn a_pass_creates_members_only_from_an_existing_template_and_reports_held_ones() {
+        let (p, t) = (pool(3), template());
+        let mut stuck = built("stuck", 600, false);
+        let status = stuck.status.as_mut().unwrap();
+        set_condition(
+            &mut status.conditions,
+            condition("PodScheduled", false, "Unschedulable", "", Some(1)),
+            now(),
+        );
+        let labelled = [&stuck];
+        let pass = pass_with(&p, Some(&t), &labelled, None);
+        assert_eq!(pass.create, Some((member(&p, &t, &settings()), 2)));
+        assert_eq!(
+            pass.not_progressing.as_deref(),
+            Some("members cannot be scheduled and are held instead of replaced: stuck")
+        );
+        assert_eq!(pass_with(&p, None, &labelled, None).create, None);
     }
 }

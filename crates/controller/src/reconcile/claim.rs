@@ -1,5 +1,7 @@
-//! The SandboxClaim reconciler: find the claim's sandbox (also after a restart), expire the claim,
-//! or give it a sandbox: adopt a warm member with one conditional write, or build one cold.
+//! The SandboxClaim reconciler: reads what a pass needs (the claim's sandbox, also after a
+//! restart; its pool, template and adoptable members), asks [`crate::decide::claim::plan`] for the
+//! pass's one plan, and carries it out: adopt a warm member with one conditional write, build one
+//! cold, mirror the sandbox in the claim's status, or expire the claim.
 //!
 //! A warm claim costs the controller two writes (the adoption patch and the claim's status) plus
 //! the `SandboxAdopted` Event; with the client's create, four in all. See `docs/controller.md`.
@@ -7,11 +9,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agent_sandbox_api::claim::ClaimShutdownPolicy;
 use agent_sandbox_api::conditions::{claim as claim_cond, events as event_reasons};
 use agent_sandbox_api::{
     Sandbox, SandboxClaim, SandboxClaimStatus, SandboxTemplate, SandboxWarmPool, annotations,
-    labels,
+    kinds, labels,
 };
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{
@@ -20,25 +21,19 @@ use kube::api::{
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
-use serde_json::json;
 
-use crate::context::{Context, now};
-use crate::decide::claim::{self as decide, ClaimProblem, Pick};
+use crate::context::{Context, key, now};
+use crate::decide::claim::{
+    self as decide, Adoption, ClaimPolicy, ExpiryDelete, ExpiryWrites, MISSING_RETRY, Observed,
+    Plan, Step,
+};
 use crate::decide::{is_condition_true, remaining};
 use crate::error::{Result, is_conflict, is_not_found, kube_err};
 use crate::metrics::{ClaimCreationLabels, ClaimLabels};
 
-const KIND: &str = "SandboxClaim";
-/// How long to wait before retrying after every candidate was taken by a concurrent claim.
-const CONFLICT_RETRY: Duration = Duration::from_millis(50);
-/// How often a claim whose pool or template is missing is looked at again (watches also wake it).
-const MISSING_RETRY: Duration = Duration::from_secs(60);
-/// How many candidates one pass tries to adopt before giving up.
-const ADOPTION_ATTEMPTS: usize = 3;
-
 /// Reconciles one SandboxClaim.
 pub async fn reconcile(claim: Arc<SandboxClaim>, ctx: Arc<Context>) -> Result<Action> {
-    tracing::debug!(claim = %crate::context::key(claim.as_ref()), rv = ?claim.metadata.resource_version, "reconcile");
+    tracing::debug!(claim = %key(claim.as_ref()), rv = ?claim.metadata.resource_version, "reconcile");
     let uid = claim.metadata.uid.clone().unwrap_or_default();
     if claim.metadata.deletion_timestamp.is_some() {
         ctx.forget_claim(&uid);
@@ -56,189 +51,79 @@ pub async fn reconcile(claim: Arc<SandboxClaim>, ctx: Arc<Context>) -> Result<Ac
         })
     };
     let namespace = claim.namespace().unwrap_or_default();
-    let now = now();
 
     let sandbox = find_sandbox(&claim, &ctx).await?;
-
-    // Expiry comes first: it must find and remove an adopted sandbox too.
-    if let Some(at) = decide::expires_at(&claim, sandbox.as_ref())
-        && remaining(at, now).is_none()
-    {
-        return expire(&claim, sandbox.as_ref(), &ctx).await;
-    }
-    let expiry_requeue = decide::expires_at(&claim, sandbox.as_ref())
-        .and_then(|at| remaining(at, now))
-        .map(|left| left.saturating_add(Duration::from_millis(5)));
-    // The sooner of the pass's own retry (if any) and the claim's expiry.
-    let settle = |retry: Option<Duration>| match (retry, expiry_requeue) {
-        (Some(retry), Some(expiry)) => Action::requeue(retry.min(expiry)),
-        (Some(after), None) | (None, Some(after)) => Action::requeue(after),
-        (None, None) => Action::await_change(),
-    };
-
-    if let Some(sandbox) = sandbox {
-        write_status(
-            &claim,
-            decide::status(&claim, Some(&sandbox), None, false, now),
-            &ctx,
-        )
-        .await?;
-        record_ready(&claim, &sandbox, first_seen, &ctx);
-        return Ok(settle(None));
-    }
-
-    // No sandbox yet: the pool and its template decide how to get one.
-    let Some(pool) = ctx
+    let pool = ctx
         .caches
         .pools
-        .get(&ObjectRef::<SandboxWarmPool>::new(&claim.spec.warm_pool_ref.name).within(&namespace))
-    else {
-        write_status(
-            &claim,
-            decide::status(
-                &claim,
-                None,
-                Some(&ClaimProblem::WarmPoolNotFound),
-                false,
-                now,
-            ),
-            &ctx,
+        .get(&ObjectRef::<SandboxWarmPool>::new(&claim.spec.warm_pool_ref.name).within(&namespace));
+    let template = pool.as_ref().and_then(|pool| {
+        ctx.caches.templates.get(
+            &ObjectRef::<SandboxTemplate>::new(&pool.spec.sandbox_template_ref.name)
+                .within(&namespace),
         )
-        .await?;
-        return Ok(settle(Some(MISSING_RETRY)));
-    };
-    let template_name = pool.spec.sandbox_template_ref.name.clone();
-    let template = ctx
-        .caches
-        .templates
-        .get(&ObjectRef::<SandboxTemplate>::new(&template_name).within(&namespace));
-
-    if let Err(message) = decide::validate_additional_pod_metadata(
-        &claim.spec.additional_pod_metadata,
-        &ctx.config.allowed_label_domains,
-    ) {
-        write_status(
-            &claim,
-            decide::status(
-                &claim,
-                None,
-                Some(&ClaimProblem::InvalidMetadata(message)),
-                false,
-                now,
-            ),
-            &ctx,
-        )
-        .await?;
-        return Ok(settle(None));
-    }
-
-    let candidates: Vec<Arc<Sandbox>> = ctx.caches.sandboxes.state_filter(|sandbox| {
-        decide::is_candidate(sandbox, &pool) && !ctx.is_reserved(&crate::context::key(sandbox))
     });
-    let candidate_refs: Vec<&Sandbox> = candidates.iter().map(AsRef::as_ref).collect();
-    let pick = decide::pick(
-        &claim,
-        &pool,
-        template.as_deref(),
-        &candidate_refs,
-        &ctx.config.dns,
-        ctx.config.claim_warm_wait,
-        now,
-    );
+    // Only a claim still without a sandbox looks at the pool's members (a scan of the cache).
+    let candidates: Vec<Arc<Sandbox>> = match (&sandbox, &pool) {
+        (None, Some(pool)) => ctx.caches.sandboxes.state_filter(|sandbox| {
+            decide::is_candidate(sandbox, pool) && !ctx.is_reserved(&key(sandbox))
+        }),
+        _ => Vec::new(),
+    };
+    let candidates: Vec<&Sandbox> = candidates.iter().map(AsRef::as_ref).collect();
+    let observed = Observed {
+        claim: &claim,
+        sandbox: sandbox.as_ref(),
+        pool: pool.as_deref(),
+        template: template.as_deref(),
+        candidates: &candidates,
+        now: now(),
+    };
+    let policy = ClaimPolicy {
+        dns: &ctx.config.dns,
+        allowed_label_domains: &ctx.config.allowed_label_domains,
+        warm_wait: ctx.config.claim_warm_wait,
+        claim_events: !ctx.config.disable_claim_events,
+    };
+    let plan = decide::plan(&observed, &policy);
+    execute(&claim, plan, first_seen, observed.now, &ctx).await
+}
 
-    match pick {
-        Pick::Wait(after) => Ok(settle(Some(after))),
-        Pick::Adopt(names) => {
-            for name in names.iter().take(ADOPTION_ATTEMPTS) {
-                let Some(candidate) = candidates
-                    .iter()
-                    .find(|c| c.metadata.name.as_ref() == Some(name))
-                else {
-                    continue;
-                };
-                if let Some(adopted) = adopt(&claim, candidate, &ctx).await? {
-                    write_status(
-                        &claim,
-                        decide::status(&claim, Some(&adopted), None, false, now),
-                        &ctx,
-                    )
-                    .await?;
-                    count_creation(&claim, &template_name, labels::LAUNCH_TYPE_WARM, &ctx);
-                    record_ready(&claim, &adopted, first_seen, &ctx);
-                    return Ok(settle(None));
-                }
-            }
-            // Every candidate went to a concurrent claim: look again at once with fresh caches.
-            Ok(settle(Some(CONFLICT_RETRY)))
+/// Carries out the pass's plan.
+async fn execute(
+    claim: &SandboxClaim,
+    plan: Plan<'_>,
+    first_seen: Instant,
+    now: Timestamp,
+    ctx: &Context,
+) -> Result<Action> {
+    let retry = match plan.step {
+        Step::Report { status, retry } => {
+            write_status(claim, status, ctx).await?;
+            retry
         }
-        Pick::Cold => {
-            let Some(template) = template else {
-                let problem = ClaimProblem::TemplateNotFound(format!(
-                    "SandboxTemplate {template_name:?} not found"
-                ));
-                write_status(
-                    &claim,
-                    decide::status(&claim, None, Some(&problem), false, now),
-                    &ctx,
-                )
-                .await?;
-                return Ok(settle(Some(MISSING_RETRY)));
-            };
-            let desired = match decide::cold_sandbox(
-                &claim,
-                &template,
-                &ctx.config.dns,
-                &ctx.config.allowed_label_domains,
-            ) {
-                Ok(desired) => desired,
-                Err(problem) => {
-                    write_status(
-                        &claim,
-                        decide::status(&claim, None, Some(&problem), false, now),
-                        &ctx,
-                    )
-                    .await?;
-                    return Ok(settle(None));
-                }
-            };
-            let created = create_cold(&claim, &desired, &ctx).await?;
-            match created {
-                Some(sandbox) => {
-                    ctx.event(
-                        claim.as_ref(),
-                        false,
-                        event_reasons::SANDBOX_PROVISIONED,
-                        "Provision",
-                        format!(
-                            "created Sandbox {} from SandboxTemplate {template_name}",
-                            sandbox.name_any()
-                        ),
-                    );
-                    count_creation(&claim, &template_name, labels::LAUNCH_TYPE_COLD, &ctx);
-                    write_status(
-                        &claim,
-                        decide::status(&claim, Some(&sandbox), None, false, now),
-                        &ctx,
-                    )
-                    .await?;
-                    Ok(settle(None))
-                }
-                None => {
-                    let problem = ClaimProblem::AdoptionConflict(format!(
-                        "a Sandbox named {} exists and is not controlled by this claim",
-                        claim.name_any()
-                    ));
-                    write_status(
-                        &claim,
-                        decide::status(&claim, None, Some(&problem), false, now),
-                        &ctx,
-                    )
-                    .await?;
-                    Ok(settle(Some(MISSING_RETRY)))
-                }
-            }
+        Step::Hold { sandbox, status } => {
+            write_status(claim, status, ctx).await?;
+            record_ready(claim, sandbox, first_seen, ctx);
+            None
         }
-    }
+        Step::Wait(after) => Some(after),
+        Step::Adopt {
+            adoptions,
+            template,
+        } => adopt_first(claim, &adoptions, &template, first_seen, now, ctx).await?,
+        Step::Create {
+            sandbox,
+            template,
+            note,
+        } => create_cold(claim, &sandbox, &template, note, now, ctx).await?,
+        Step::Expire(expiry) => {
+            expire(claim, expiry, ctx).await?;
+            return Ok(Action::await_change());
+        }
+    };
+    Ok(decide::requeue_after(retry, plan.expires_in)
+        .map_or_else(Action::await_change, Action::requeue))
 }
 
 /// The claim's sandbox: the one its status names, else any sandbox it controls (found by the
@@ -286,68 +171,85 @@ async fn find_sandbox(claim: &SandboxClaim, ctx: &Context) -> Result<Option<Sand
         .await
         .map_err(kube_err(
             "list sandboxes of",
-            KIND,
+            kinds::SANDBOX_CLAIM,
             &namespace,
             &claim.name_any(),
         ))?;
     Ok(listed.items.into_iter().find(|sandbox| owned(sandbox)))
 }
 
-/// One conditional write that moves `candidate` from its pool to `claim`. `None` when another
-/// writer changed the candidate first (it then belongs to someone else or is gone).
-async fn adopt(
+/// Tries the adoptions in order until one lands, then records it (Event, status, metrics).
+/// Returns when to look again: at once when every candidate went to a concurrent claim.
+async fn adopt_first(
     claim: &SandboxClaim,
-    candidate: &Sandbox,
+    adoptions: &[Adoption<'_>],
+    template: &str,
+    first_seen: Instant,
+    now: Timestamp,
     ctx: &Context,
-) -> Result<Option<Sandbox>> {
-    let namespace = candidate.namespace().unwrap_or_default();
-    let name = candidate.name_any();
-    let reservation = crate::context::key(candidate);
+) -> Result<Option<Duration>> {
+    for adoption in adoptions {
+        let Some(adopted) = adopt(adoption, ctx).await? else {
+            continue;
+        };
+        ctx.event(
+            claim,
+            false,
+            event_reasons::SANDBOX_ADOPTED,
+            "Adopt",
+            adoption.note.clone(),
+        );
+        write_status(claim, decide::held_status(claim, &adopted, now), ctx).await?;
+        count_creation(claim, template, labels::LAUNCH_TYPE_WARM, ctx);
+        record_ready(claim, &adopted, first_seen, ctx);
+        return Ok(None);
+    }
+    // Every candidate went to a concurrent claim: look again at once with fresh caches.
+    Ok(Some(decide::CONFLICT_RETRY))
+}
+
+/// The conditional write that moves a member from its pool to the claim. `None` when another
+/// pass holds the member, or another writer changed it first (it then belongs to someone else
+/// or is gone).
+async fn adopt(adoption: &Adoption<'_>, ctx: &Context) -> Result<Option<Sandbox>> {
+    let member = adoption.member;
+    let namespace = member.namespace().unwrap_or_default();
+    let name = member.name_any();
+    let reservation = key(member);
     if !ctx.reserve(&reservation) {
         return Ok(None);
     }
-    let patch = match decide::adoption_patch(candidate, claim, &ctx.config.allowed_label_domains) {
-        Ok(patch) => patch,
-        Err(_) => {
-            ctx.release(&reservation);
-            return Ok(None);
-        }
-    };
     let api: Api<Sandbox> = Api::namespaced(ctx.client.clone(), &namespace);
     match api
-        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(&adoption.patch),
+        )
         .await
     {
-        Ok(adopted) => {
-            ctx.event(
-                claim,
-                false,
-                event_reasons::SANDBOX_ADOPTED,
-                "Adopt",
-                format!(
-                    "adopted warm Sandbox {name} from SandboxWarmPool {}",
-                    claim.spec.warm_pool_ref.name
-                ),
-            );
-            Ok(Some(adopted))
-        }
+        Ok(adopted) => Ok(Some(adopted)),
         Err(error) if is_conflict(&error) || is_not_found(&error) => {
             ctx.release(&reservation);
             Ok(None)
         }
         Err(error) => {
             ctx.release(&reservation);
-            Err(kube_err("adopt", "Sandbox", &namespace, &name)(error))
+            Err(kube_err("adopt", kinds::SANDBOX, &namespace, &name)(error))
         }
     }
 }
 
-/// Creates the cold sandbox; on a name clash returns the existing one if the claim controls it.
+/// Creates the cold sandbox and records it (Event, metrics, status); a name taken by a sandbox
+/// the claim controls counts as created. Returns when to look again.
 async fn create_cold(
     claim: &SandboxClaim,
     desired: &Sandbox,
+    template: &str,
+    note: String,
+    now: Timestamp,
     ctx: &Context,
-) -> Result<Option<Sandbox>> {
+) -> Result<Option<Duration>> {
     let namespace = claim.namespace().unwrap_or_default();
     let name = desired.name_any();
     let api: Api<Sandbox> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -355,126 +257,94 @@ async fn create_cold(
         dry_run: false,
         field_manager: Some(agent_sandbox_api::wire::CONTROLLER_FIELD_MANAGER.to_owned()),
     };
-    match api.create(&params, desired).await {
-        Ok(created) => Ok(Some(created)),
-        Err(error) if is_conflict(&error) => {
-            let existing = api
-                .get_opt(&name)
-                .await
-                .map_err(kube_err("get", "Sandbox", &namespace, &name))?;
-            Ok(existing.filter(|sandbox| decide::is_owned_by(sandbox, claim)))
-        }
-        Err(error) => Err(kube_err("create", "Sandbox", &namespace, &name)(error)),
-    }
+    let created = match api.create(&params, desired).await {
+        Ok(created) => Some(created),
+        Err(error) if is_conflict(&error) => api
+            .get_opt(&name)
+            .await
+            .map_err(kube_err("get", kinds::SANDBOX, &namespace, &name))?
+            .filter(|sandbox| decide::is_owned_by(sandbox, claim)),
+        Err(error) => return Err(kube_err("create", kinds::SANDBOX, &namespace, &name)(error)),
+    };
+    let Some(sandbox) = created else {
+        write_status(claim, decide::clash_status(claim, now), ctx).await?;
+        return Ok(Some(MISSING_RETRY));
+    };
+    ctx.event(
+        claim,
+        false,
+        event_reasons::SANDBOX_PROVISIONED,
+        "Provision",
+        note,
+    );
+    count_creation(claim, template, labels::LAUNCH_TYPE_COLD, ctx);
+    write_status(claim, decide::held_status(claim, &sandbox, now), ctx).await?;
+    Ok(None)
 }
 
-/// Expiry: mark the claim, then delete it (background or foreground) or, under `Retain`, delete
-/// its sandbox and keep it.
-async fn expire(claim: &SandboxClaim, sandbox: Option<&Sandbox>, ctx: &Context) -> Result<Action> {
+/// Expiry: mark the claim (status, then Event), then the deletion of its shutdown policy; an
+/// object already gone or replaced (its UID changed) is no error.
+async fn expire(claim: &SandboxClaim, expiry: ExpiryWrites, ctx: &Context) -> Result<()> {
+    write_status(claim, expiry.mark, ctx).await?;
+    if let Some(note) = expiry.event {
+        ctx.event(claim, false, event_reasons::CLAIM_EXPIRED, "Expire", note);
+    }
     let namespace = claim.namespace().unwrap_or_default();
     let name = claim.name_any();
-    if !decide::marked_expired(claim) {
-        write_status(claim, decide::status(claim, None, None, true, now()), ctx).await?;
-        if !ctx.config.disable_claim_events {
-            ctx.event(
-                claim,
-                false,
-                event_reasons::CLAIM_EXPIRED,
-                "Expire",
-                format!(
-                    "claim lifecycle expired; shutdownPolicy is {:?}",
-                    decide::shutdown_policy(claim)
-                ),
-            );
-        }
-    }
-    let uid = claim.metadata.uid.clone();
-    match decide::shutdown_policy(claim) {
-        policy @ (ClaimShutdownPolicy::Delete | ClaimShutdownPolicy::DeleteForeground) => {
+    let result = match &expiry.delete {
+        ExpiryDelete::Nothing => return Ok(()),
+        ExpiryDelete::Claim { foreground } => {
             let api: Api<SandboxClaim> = Api::namespaced(ctx.client.clone(), &namespace);
             let params = DeleteParams {
                 preconditions: Some(Preconditions {
-                    uid,
+                    uid: claim.metadata.uid.clone(),
                     resource_version: None,
                 }),
-                propagation_policy: Some(if policy == ClaimShutdownPolicy::Delete {
-                    PropagationPolicy::Background
-                } else {
+                propagation_policy: Some(if *foreground {
                     PropagationPolicy::Foreground
+                } else {
+                    PropagationPolicy::Background
                 }),
                 ..DeleteParams::default()
             };
-            match api.delete(&name, &params).await {
-                Ok(_) => Ok(Action::await_change()),
-                Err(error) if is_not_found(&error) || is_conflict(&error) => {
-                    Ok(Action::await_change())
-                }
-                Err(error) => Err(kube_err("delete expired", KIND, &namespace, &name)(error)),
-            }
+            api.delete(&name, &params)
+                .await
+                .map(drop)
+                .map_err(|error| (error, "delete expired"))
         }
-        ClaimShutdownPolicy::Retain => {
-            if let Some(sandbox) = sandbox {
-                let api: Api<Sandbox> = Api::namespaced(ctx.client.clone(), &namespace);
-                let params = DeleteParams {
-                    preconditions: Some(Preconditions {
-                        uid: sandbox.metadata.uid.clone(),
-                        resource_version: None,
-                    }),
-                    ..DeleteParams::background()
-                };
-                match api.delete(&sandbox.name_any(), &params).await {
-                    Ok(_) => {}
-                    Err(error) if is_not_found(&error) || is_conflict(&error) => {}
-                    Err(error) => {
-                        return Err(kube_err(
-                            "delete the sandbox of expired",
-                            KIND,
-                            &namespace,
-                            &name,
-                        )(error));
-                    }
-                }
-            }
-            let mut expired = claim.clone();
-            expired.status = Some(decide::status(claim, None, None, true, now()));
-            write_status(
-                &expired,
-                decide::status(&expired, None, None, true, now()),
-                ctx,
-            )
-            .await?;
-            Ok(Action::await_change())
+        ExpiryDelete::Sandbox { name: sandbox, uid } => {
+            let api: Api<Sandbox> = Api::namespaced(ctx.client.clone(), &namespace);
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: uid.clone(),
+                    resource_version: None,
+                }),
+                ..DeleteParams::background()
+            };
+            api.delete(sandbox, &params)
+                .await
+                .map(drop)
+                .map_err(|error| (error, "delete the sandbox of expired"))
         }
+    };
+    match result {
+        Ok(()) => Ok(()),
+        Err((error, _)) if is_not_found(&error) || is_conflict(&error) => Ok(()),
+        Err((error, verb)) => Err(kube_err(verb, kinds::SANDBOX_CLAIM, &namespace, &name)(
+            error,
+        )),
     }
 }
 
-/// Writes the claim's status with server-side apply when it changed.
+/// Writes the claim's status when the plan says it changed.
 async fn write_status(
     claim: &SandboxClaim,
-    status: SandboxClaimStatus,
+    status: Option<SandboxClaimStatus>,
     ctx: &Context,
 ) -> Result<()> {
-    if claim.status.as_ref() == Some(&status)
-        || (claim.status.is_none() && status == SandboxClaimStatus::default())
-    {
-        return Ok(());
-    }
-    let namespace = claim.namespace().unwrap_or_default();
-    let name = claim.name_any();
-    let api: Api<SandboxClaim> = Api::namespaced(ctx.client.clone(), &namespace);
-    let body = json!({
-        "apiVersion": format!("{}/{}", agent_sandbox_api::EXTENSIONS_GROUP, agent_sandbox_api::VERSION),
-        "kind": KIND,
-        "status": status,
-    });
-    let params = PatchParams::apply(agent_sandbox_api::wire::CONTROLLER_FIELD_MANAGER).force();
-    match api.patch_status(&name, &params, &Patch::Apply(&body)).await {
-        Ok(_) => {
-            ctx.remember_status(claim.metadata.uid.as_deref().unwrap_or_default(), &status);
-            Ok(())
-        }
-        Err(error) if is_not_found(&error) => Ok(()),
-        Err(error) => Err(kube_err("patch status of", KIND, &namespace, &name)(error)),
+    match status {
+        Some(status) => super::apply_status(claim, &status, ctx).await,
+        None => Ok(()),
     }
 }
 

@@ -6,13 +6,13 @@ use std::time::Duration;
 
 use agent_sandbox_api::conditions::events as event_reasons;
 use agent_sandbox_api::sandbox::{OperatingMode, SandboxStatus, ShutdownPolicy};
-use agent_sandbox_api::{Sandbox, SandboxWarmPool};
+use agent_sandbox_api::{Sandbox, SandboxWarmPool, kinds};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::context::{Context, now};
 use crate::decide::sandbox::{self as decide, ChildDecision, Expiry, Observed, Problem};
@@ -20,7 +20,7 @@ use crate::decide::{Ownership, ownership};
 use crate::error::{Error, Result, api_message, is_conflict, is_invalid, is_not_found, kube_err};
 use crate::lenient::Lenient;
 
-const KIND: &str = "Sandbox";
+const KIND: &str = kinds::SANDBOX;
 
 /// Reconciles one Sandbox.
 pub async fn reconcile(sandbox: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Action> {
@@ -278,29 +278,11 @@ fn cached_pods(sandbox: &Sandbox, ctx: &Context) -> (Option<Pod>, Vec<Pod>) {
 async fn reconcile_pod(sandbox: &Sandbox, ctx: &Context) -> Result<Option<Pod>, PodError> {
     let (namespace, name) = names(sandbox);
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
-    let sandboxes: Api<Sandbox> = Api::namespaced(ctx.client.clone(), &namespace);
     let (tracked, owned) = cached_pods(sandbox, ctx);
     if owned.len() > 1 {
         return Err(PodError::Multiple(owned.len()));
     }
-    let clear_pod_name = || async {
-        if decide::has_pod_name_annotation(sandbox) {
-            sandboxes
-                .patch(
-                    &name,
-                    &PatchParams::default(),
-                    &Patch::Merge(&decide::clear_pod_name_patch()),
-                )
-                .await
-                .map_err(kube_err(
-                    "clear the pod-name annotation of",
-                    KIND,
-                    &namespace,
-                    &name,
-                ))?;
-        }
-        Ok::<(), Error>(())
-    };
+    let clear_pod_name = || clear_pod_name(sandbox, ctx);
     // The owned pod wins over a tracked one that is not ours.
     let mut pod = match (tracked, owned.into_iter().next()) {
         (Some(tracked), Some(owned)) if tracked.name_any() != owned.name_any() => {
@@ -380,28 +362,13 @@ async fn existing_pod(
     api: &Api<Pod>,
     ctx: &Context,
 ) -> Result<Option<Pod>, PodError> {
-    let (namespace, name) = names(sandbox);
+    let namespace = sandbox.namespace().unwrap_or_default();
     let pod_name = pod.name_any();
     let mut patch = match decide::child_decision(sandbox, "pod", &pod.metadata) {
         ChildDecision::Refuse(reason) => {
-            if decide::has_pod_name_annotation(sandbox) {
-                let sandboxes: Api<Sandbox> = Api::namespaced(ctx.client.clone(), &namespace);
-                sandboxes
-                    .patch(
-                        &name,
-                        &PatchParams::default(),
-                        &Patch::Merge(&decide::clear_pod_name_patch()),
-                    )
-                    .await
-                    .map_err(|e| {
-                        PodError::Other(
-                            None,
-                            kube_err("clear the pod-name annotation of", KIND, &namespace, &name)(
-                                e,
-                            ),
-                        )
-                    })?;
-            }
+            clear_pod_name(sandbox, ctx)
+                .await
+                .map_err(|e| PodError::Other(None, e))?;
             return Err(PodError::Other(None, Error::Ownership(reason)));
         }
         ChildDecision::Adopt => decide::adopt_child_patch(sandbox, &pod.metadata),
@@ -423,6 +390,29 @@ async fn existing_pod(
             kube_err("patch metadata of", "Pod", &namespace, &pod_name)(error),
         )),
     }
+}
+
+/// Removes the sandbox's `pod-name` annotation, when it has one (its pod is gone or not its own).
+async fn clear_pod_name(sandbox: &Sandbox, ctx: &Context) -> Result<()> {
+    if !decide::has_pod_name_annotation(sandbox) {
+        return Ok(());
+    }
+    let (namespace, name) = names(sandbox);
+    let sandboxes: Api<Sandbox> = Api::namespaced(ctx.client.clone(), &namespace);
+    sandboxes
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(&decide::clear_pod_name_patch()),
+        )
+        .await
+        .map(drop)
+        .map_err(kube_err(
+            "clear the pod-name annotation of",
+            KIND,
+            &namespace,
+            &name,
+        ))
 }
 
 /// Deep-merges `other` into `base` (objects merged key by key, anything else replaced).
@@ -542,7 +532,7 @@ async fn reconcile_service(sandbox: &Sandbox, ctx: &Context) -> Result<Option<Se
     }
 }
 
-/// Writes `status` with server-side apply when it differs from `current` (the stored one).
+/// Writes `status` when it differs from `current` (the stored one) in more than the node name.
 pub(crate) async fn write_status(
     sandbox: &Sandbox,
     current: Option<&SandboxStatus>,
@@ -553,22 +543,7 @@ pub(crate) async fn write_status(
     if current == status || decide::only_node_name_changed(&current, &status) {
         return Ok(());
     }
-    let (namespace, name) = names(sandbox);
-    let api: Api<Sandbox> = Api::namespaced(ctx.client.clone(), &namespace);
-    let body = json!({
-        "apiVersion": format!("{}/{}", agent_sandbox_api::GROUP, agent_sandbox_api::VERSION),
-        "kind": KIND,
-        "status": status,
-    });
-    let params = PatchParams::apply(agent_sandbox_api::wire::CONTROLLER_FIELD_MANAGER).force();
-    match api.patch_status(&name, &params, &Patch::Apply(&body)).await {
-        Ok(_) => {
-            ctx.remember_status(sandbox.metadata.uid.as_deref().unwrap_or_default(), &status);
-            Ok(())
-        }
-        Err(error) if is_not_found(&error) => Ok(()),
-        Err(error) => Err(kube_err("patch status of", KIND, &namespace, &name)(error)),
-    }
+    super::apply_status(sandbox, &status, ctx).await
 }
 
 /// Expiry: mark it, remove the pod and Service, then delete or retain the Sandbox.

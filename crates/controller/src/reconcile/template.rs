@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use agent_sandbox_api::{SandboxTemplate, labels, name_hash};
+use agent_sandbox_api::{SandboxTemplate, kinds, labels, name_hash};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
@@ -29,7 +29,12 @@ pub async fn reconcile(template: Arc<SandboxTemplate>, ctx: Arc<Context>) -> Res
         let patch = json!({"metadata": {"labels": {labels::SANDBOX_TEMPLATE_REF_HASH: hash}}});
         api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
-            .map_err(kube_err("label", "SandboxTemplate", &namespace, &name))?;
+            .map_err(kube_err(
+                "label",
+                kinds::SANDBOX_TEMPLATE,
+                &namespace,
+                &name,
+            ))?;
     }
 
     let policies: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), &namespace);

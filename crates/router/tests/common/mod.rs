@@ -257,10 +257,10 @@ pub fn not_ready(mut sandbox: Sandbox, reason: &str, message: &str) -> Sandbox {
 
 /// The controller reference `kind/name` with `uid`.
 pub fn controller(kind: &str, name: &str, uid: &str) -> OwnerReference {
-    let api_version = if kind == "Sandbox" {
-        "agents.x-k8s.io/v1beta1"
+    let api_version = if kind == agent_sandbox_api::kinds::SANDBOX {
+        agent_sandbox_api::API_VERSION
     } else {
-        "extensions.agents.x-k8s.io/v1beta1"
+        agent_sandbox_api::EXTENSIONS_API_VERSION
     };
     OwnerReference {
         api_version: api_version.to_owned(),
@@ -293,7 +293,7 @@ pub fn pod_for(sandbox: &Sandbox, ip: IpAddr, ports: &[u16]) -> Pod {
                     .collect(),
             ),
             owner_references: Some(vec![controller(
-                "Sandbox",
+                agent_sandbox_api::kinds::SANDBOX,
                 &name,
                 sandbox.metadata.uid.as_deref().unwrap(),
             )]),

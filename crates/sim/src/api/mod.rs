@@ -22,12 +22,12 @@ use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use serde_json::{Value, json};
 
 use crate::admission::FieldValidation;
+use crate::api_error::{ApiError, ApiResult};
 use crate::meta;
 use crate::metrics::Metrics;
-use crate::ops::{Cluster, DeleteOptions, PatchType, Propagation, Subresource, WriteOptions};
+use crate::ops::{ApiObjects, DeleteOptions, PatchType, Propagation, Subresource, WriteOptions};
 use crate::resources::{Builtin, ResourceInfo};
 use crate::selector::{FieldSelector, LabelSelector, Selectors};
-use crate::status::{ApiError, ApiResult};
 use path::{ResourcePath, Route};
 use table::IncludeObject;
 use watch::Format;
@@ -38,7 +38,7 @@ const MAX_BODY: usize = 64 * 1024 * 1024;
 /// What the handlers share.
 #[derive(Debug)]
 pub(crate) struct ApiState {
-    pub(crate) cluster: Arc<Cluster>,
+    pub(crate) objects: Arc<ApiObjects>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) pods_dir: PathBuf,
     /// `host:port` the server answers on.
@@ -133,14 +133,14 @@ async fn handle(State(state): State<Arc<ApiState>>, mut request: Request) -> Res
         )),
         Route::Groups => Ok(json_response(
             StatusCode::OK,
-            &discovery::groups(&state.cluster.store.registry()),
+            &discovery::groups(&state.objects.store.registry()),
             &[],
         )),
-        Route::Group(group) => discovery::group(&state.cluster.store.registry(), &group)
+        Route::Group(group) => discovery::group(&state.objects.store.registry(), &group)
             .map(|doc| json_response(StatusCode::OK, &doc, &[]))
             .ok_or_else(|| ApiError::no_route(&path)),
         Route::Resources { group, version } => {
-            discovery::resources(&state.cluster.store.registry(), &group, &version)
+            discovery::resources(&state.objects.store.registry(), &group, &version)
                 .map(|doc| json_response(StatusCode::OK, &doc, &[]))
                 .ok_or_else(|| ApiError::no_route(&path))
         }
@@ -148,11 +148,11 @@ async fn handle(State(state): State<Arc<ApiState>>, mut request: Request) -> Res
         Route::OpenApiV2 => Err(ApiError::no_route(&path)),
         Route::OpenApiV3 => Ok(json_response(
             StatusCode::OK,
-            &openapi::v3_root(&state.cluster.store.registry()),
+            &openapi::v3_root(&state.objects.store.registry()),
             &[],
         )),
         Route::OpenApiV3GroupVersion { group, version } => {
-            openapi::v3_group_version(&state.cluster.store.registry(), &group, &version)
+            openapi::v3_group_version(&state.objects.store.registry(), &group, &version)
                 .map(|doc| json_response(StatusCode::OK, &doc, &[]))
                 .ok_or_else(|| ApiError::no_route(&path))
         }
@@ -274,7 +274,7 @@ async fn resource(
     upgrade: Option<hyper::upgrade::OnUpgrade>,
 ) -> ApiResult<Response> {
     let info = state
-        .cluster
+        .objects
         .resource(&target.group, &target.version, &target.plural)
         .ok_or_else(|| ApiError::no_route(request.uri().path()))?;
     if target.namespace.is_some() && !info.namespaced {
@@ -311,9 +311,9 @@ async fn resource(
         Method::GET => {
             count("get");
             let object = if subresource == Subresource::Scale {
-                state.cluster.get_scale(&info, &namespace, &name)?
+                state.objects.get_scale(&info, &namespace, &name)?
             } else {
-                state.cluster.get(&info, &namespace, &name)?
+                state.objects.get(&info, &namespace, &name)?
             };
             Ok(render_one(&info, object, format))
         }
@@ -324,10 +324,10 @@ async fn resource(
             let options = write_options(&headers, &query, false);
             let written =
                 state
-                    .cluster
+                    .objects
                     .update(&info, &namespace, &name, value, subresource, &options)?;
             let object = state
-                .cluster
+                .objects
                 .present_for(&info, subresource, written.object);
             Ok(json_response(StatusCode::OK, &object, &written.warnings))
         }
@@ -361,7 +361,7 @@ async fn resource(
             let body = read_body(request).await?;
             let value = parse_body(&body, patch_type == PatchType::Apply)?;
             let options = write_options(&headers, &query, patch_type == PatchType::Apply);
-            let written = state.cluster.patch(
+            let written = state.objects.patch(
                 &info,
                 &namespace,
                 &name,
@@ -371,7 +371,7 @@ async fn resource(
                 &options,
             )?;
             let object = state
-                .cluster
+                .objects
                 .present_for(&info, subresource, written.object);
             let code = if written.created {
                 StatusCode::CREATED
@@ -384,7 +384,7 @@ async fn resource(
             count("delete");
             let body = read_body(request).await?;
             let options = delete_options(&body, &query)?;
-            let (object, _) = state.cluster.delete(&info, &namespace, &name, &options)?;
+            let (object, _) = state.objects.delete(&info, &namespace, &name, &options)?;
             Ok(json_response(StatusCode::OK, &object, &[]))
         }
         other => Err(ApiError::method_not_allowed(format!(
@@ -519,7 +519,7 @@ async fn collection(
                     format,
                 };
                 let stream = watch::start(
-                    state.cluster.clone(),
+                    state.objects.clone(),
                     watch_request,
                     state.bookmark_interval,
                     state.watch_epoch.subscribe(),
@@ -549,7 +549,7 @@ async fn collection(
             let body = read_body(request).await?;
             let value = parse_body(&body, true)?;
             let options = write_options(headers, &query, false);
-            let written = state.cluster.create(info, &namespace, value, &options)?;
+            let written = state.objects.create(info, &namespace, value, &options)?;
             Ok(json_response(
                 StatusCode::CREATED,
                 &written.object,
@@ -561,19 +561,19 @@ async fn collection(
             let selectors = selectors(&query)?;
             let body = read_body(request).await?;
             let options = delete_options(&body, &query)?;
-            let (items, _) = state.cluster.list(info, namespace.as_deref(), &selectors);
+            let (items, _) = state.objects.list(info, namespace.as_deref(), &selectors);
             let mut deleted = Vec::new();
             for item in items {
                 if let Ok((object, _)) =
                     state
-                        .cluster
+                        .objects
                         .delete(info, meta::namespace(&item), meta::name(&item), &options)
                 {
                     deleted.push(object);
                 }
             }
             let list = json!({"kind": list_kind(info), "apiVersion": info.api_version(),
-                              "metadata": {"resourceVersion": state.cluster.store.current_rv().to_string()},
+                              "metadata": {"resourceVersion": state.objects.store.current_rv().to_string()},
                               "items": deleted});
             Ok(json_response(StatusCode::OK, &list, &[]))
         }
@@ -591,7 +591,7 @@ fn list(
     query: &Query,
     format: Format,
 ) -> ApiResult<Response> {
-    let (mut items, rv) = state.cluster.list(info, namespace, selectors);
+    let (mut items, rv) = state.objects.list(info, namespace, selectors);
     let mut rv = rv.to_string();
     if let Some(token) = query.get("continue").filter(|t| !t.is_empty()) {
         let decoded = base64::engine::general_purpose::URL_SAFE_NO_PAD

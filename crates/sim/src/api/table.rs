@@ -7,7 +7,7 @@ use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 
 use crate::jsonpath::JsonPath;
-use crate::kubelet::status::display_status;
+use crate::kubelet::pod_status::display_status;
 use crate::meta;
 use crate::resources::{Builtin, ResourceInfo};
 

@@ -18,11 +18,11 @@ use tokio::sync::broadcast::{
 use tokio::time::Instant;
 
 use super::table::{self, IncludeObject};
+use crate::api_error::ApiError;
 use crate::meta;
-use crate::ops::Cluster;
+use crate::ops::ApiObjects;
 use crate::resources::ResourceInfo;
 use crate::selector::Selectors;
-use crate::status::ApiError;
 use crate::store::{Change, EventType};
 
 /// How objects are rendered in events.
@@ -72,7 +72,7 @@ fn line(kind: &str, object: Value) -> Bytes {
 }
 
 struct State {
-    cluster: Arc<Cluster>,
+    objects: Arc<ApiObjects>,
     request: WatchRequest,
     queue: VecDeque<Bytes>,
     backlog: VecDeque<Arc<Change>>,
@@ -123,11 +123,11 @@ impl State {
             return;
         }
         let info = self.request.info.clone();
-        let object = self.cluster.present(&info, &change.object);
+        let object = self.objects.present(&info, &change.object);
         let old = change
             .old
             .as_ref()
-            .map(|old| self.cluster.present(&info, old));
+            .map(|old| self.objects.present(&info, old));
         let now_selected = self.selected(&object);
         let was_selected = old.as_ref().is_some_and(|old| self.selected(old));
         match change.kind {
@@ -172,7 +172,7 @@ impl State {
                     Err(RecvError::Lagged(_) | RecvError::Closed) => self.finished = true,
                 },
                 () = tokio::time::sleep_until(self.next_bookmark), if bookmarks => {
-                    let rv = self.cluster.store.current_rv();
+                    let rv = self.objects.store.current_rv();
                     while let Some(live) = self.live.as_mut() {
                         match live.try_recv() {
                             Ok(change) => self.process(&change),
@@ -197,7 +197,7 @@ impl State {
 /// Starts a watch; the stream ends at the timeout, when the client goes away, or after the 410
 /// ERROR event.
 pub(crate) fn start(
-    cluster: Arc<Cluster>,
+    objects: Arc<ApiObjects>,
     request: WatchRequest,
     bookmark_every: Duration,
     epoch: tokio::sync::watch::Receiver<u64>,
@@ -207,7 +207,7 @@ pub(crate) fn start(
     let initial = request.send_initial_events.unwrap_or(from_now);
     let deadline = Instant::now() + request.timeout;
     let mut state = State {
-        cluster: cluster.clone(),
+        objects: objects.clone(),
         queue: VecDeque::new(),
         backlog: VecDeque::new(),
         live: None,
@@ -221,7 +221,7 @@ pub(crate) fn start(
     };
     let from = if initial {
         let namespace = state.request.namespace.clone();
-        let (items, rv) = cluster.list(
+        let (items, rv) = objects.list(
             &state.request.info,
             namespace.as_deref(),
             &state.request.selectors,
@@ -239,7 +239,7 @@ pub(crate) fn start(
             .map_err(|_| ApiError::bad_request(format!("invalid resource version {rv_param:?}")))?
     };
     state.seen = from;
-    match cluster.store.watch(&state.request.info.storage(), from) {
+    match objects.store.watch(&state.request.info.storage(), from) {
         Ok(start) => {
             state.backlog = start.backlog.into();
             state.live = Some(start.live);

@@ -6,9 +6,9 @@
 pub(crate) mod images;
 pub(crate) mod net;
 mod pod;
+pub(crate) mod pod_status;
 pub(crate) mod probe;
 pub(crate) mod process;
-pub(crate) mod status;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use crate::meta;
-use crate::ops::Cluster;
+use crate::ops::ApiObjects;
 use crate::resources::StorageKey;
 use crate::store::{Change, EventType};
 
@@ -31,7 +31,7 @@ use process::ProcessTable;
 /// Everything the kubelet's workers share.
 #[derive(Debug)]
 pub(crate) struct KubeletContext {
-    pub(crate) cluster: Arc<Cluster>,
+    pub(crate) objects: Arc<ApiObjects>,
     pub(crate) node: String,
     pub(crate) images: ImageTable,
     /// Run pod processes inside bubblewrap.
@@ -106,14 +106,14 @@ fn event_stamp() -> u128 {
 
 /// Records a core Event about a pod, as the kubelet (or scheduler) does.
 pub(crate) fn record_event(
-    cluster: &Cluster,
+    objects: &ApiObjects,
     pod: &Value,
     component: &str,
     type_: &str,
     reason: &str,
     message: &str,
 ) {
-    let Ok(info) = cluster.builtin("", "events") else {
+    let Ok(info) = objects.builtin("", "events") else {
         return;
     };
     let now = meta::now();
@@ -138,7 +138,7 @@ pub(crate) fn record_event(
         "reportingComponent": component,
         "reportingInstance": "sim-node",
     });
-    if let Err(error) = cluster.create_internal(&info, event) {
+    if let Err(error) = objects.create_internal(&info, event) {
         tracing::debug!(%error, "recording event failed");
     }
 }
@@ -201,7 +201,7 @@ impl Kubelet {
     fn bind(&self, pod: &Value) {
         let node = self.ctx.node.clone();
         let now = meta::now();
-        let bound = self.ctx.cluster.mutate(
+        let bound = self.ctx.objects.mutate(
             &pods_key(),
             meta::namespace(pod),
             meta::name(pod),
@@ -234,7 +234,7 @@ impl Kubelet {
         );
         if let Some(bound) = bound {
             record_event(
-                &self.ctx.cluster,
+                &self.ctx.objects,
                 &bound,
                 "default-scheduler",
                 "Normal",
@@ -276,7 +276,7 @@ impl Kubelet {
         if !self.workers.contains_key(&uid) {
             if meta::is_deleting(pod) {
                 // Never started here: nothing to stop, confirm at once.
-                confirm_deletion(&self.ctx.cluster, pod);
+                confirm_deletion(&self.ctx.objects, pod);
                 return;
             }
             let (commands, receiver) = mpsc::unbounded_channel();
@@ -309,7 +309,7 @@ impl Kubelet {
     }
 
     fn resync(&mut self) {
-        let (pods, _) = self.ctx.cluster.store.list(&pods_key(), None);
+        let (pods, _) = self.ctx.objects.store.list(&pods_key(), None);
         let live: std::collections::HashSet<String> =
             pods.iter().map(|p| meta::uid(p).to_owned()).collect();
         let gone: Vec<String> = self
@@ -351,9 +351,9 @@ impl Kubelet {
 
 /// Confirms a pod's deletion after its processes are gone (grace period zero), which removes it
 /// once its finalizers are empty.
-pub(crate) fn confirm_deletion(cluster: &Cluster, pod: &Value) {
+pub(crate) fn confirm_deletion(objects: &ApiObjects, pod: &Value) {
     let uid = meta::uid(pod).to_owned();
-    cluster.mutate(
+    objects.mutate(
         &pods_key(),
         meta::namespace(pod),
         meta::name(pod),

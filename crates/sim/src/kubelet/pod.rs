@@ -14,9 +14,9 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::images::{ImageEntry, Program, Templates, expand_vars, find_program};
+use super::pod_status::{self, ContainerInfo, PodInfo, State, Terminated};
 use super::probe::{self, Probe};
 use super::process::{self, LaunchSpec, POD_DIR_IN_SANDBOX};
-use super::status::{self, ContainerInfo, PodInfo, State, Terminated};
 use super::{
     KubeletContext, PodCommand, PodPaths, confirm_deletion, log_file, net, pod_paths, record_event,
 };
@@ -108,7 +108,7 @@ pub(crate) async fn run(
                 match command {
                     Some(PodCommand::Terminate(grace)) => {
                         worker.terminate(grace, &mut exits).await;
-                        confirm_deletion(&worker.ctx.cluster, &worker.pod);
+                        confirm_deletion(&worker.ctx.objects, &worker.pod);
                     }
                     Some(PodCommand::Kill) | None => worker.kill_all(),
                 }
@@ -199,7 +199,7 @@ impl Worker {
 
     fn event(&self, type_: &str, reason: &str, message: &str) {
         record_event(
-            &self.ctx.cluster,
+            &self.ctx.objects,
             &self.pod,
             "kubelet",
             type_,
@@ -213,13 +213,13 @@ impl Worker {
         let info = self.info.clone();
         let uid = meta::uid(&self.pod).to_owned();
         self.ctx
-            .cluster
+            .objects
             .mutate(&self.key, &self.namespace, &self.name, |object| {
                 if meta::uid(object) != uid {
                     return false;
                 }
                 let previous = object.get("status").cloned().unwrap_or(json!({}));
-                let next = status::pod_status(&info, &previous, &now());
+                let next = pod_status::pod_status(&info, &previous, &now());
                 if next == previous {
                     return false;
                 }
@@ -350,7 +350,7 @@ impl Worker {
     fn lookup_key(&self, resource: &str, name: &str, key: &str) -> Option<String> {
         let object =
             self.ctx
-                .cluster
+                .objects
                 .store
                 .get(&StorageKey::new("", resource), &self.namespace, name)?;
         if resource == "secrets" {
@@ -427,7 +427,7 @@ impl Worker {
                 else {
                     continue;
                 };
-                let Some(object) = self.ctx.cluster.store.get(
+                let Some(object) = self.ctx.objects.store.get(
                     &StorageKey::new("", resource),
                     &self.namespace,
                     name,
@@ -613,7 +613,7 @@ impl Worker {
                 })
             {
                 let dir = self.paths.root.join("volumes").join(name);
-                if let Some(object) = self.ctx.cluster.store.get(
+                if let Some(object) = self.ctx.objects.store.get(
                     &StorageKey::new("", resource),
                     &self.namespace,
                     object_name,
