@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use agent_sandbox::{ClientOptions, ConnectionMode};
-use agent_sandbox_api::{SandboxTemplate, SandboxWarmPool, wire};
+use agent_sandbox_api::{SandboxTemplate, SandboxWarmPool, kinds, wire};
 use agent_sandbox_router::{Auth, Router, Secret, SharedIndex};
 use agent_sandbox_sim::{Isolation, RequestCounts, Sim, SimConfig, runtime_entry};
 use kube::Api;
@@ -288,7 +288,7 @@ impl LocalCluster {
             .await
             .map_err(Error::kube(
                 "apply",
-                object("SandboxTemplate", DEFAULT_TEMPLATE),
+                object(kinds::SANDBOX_TEMPLATE, DEFAULT_TEMPLATE),
             ))?;
         if self.pool_replicas > 0 {
             Api::<SandboxWarmPool>::namespaced(self.client.clone(), DEFAULT_NAMESPACE)
@@ -300,7 +300,7 @@ impl LocalCluster {
                 .await
                 .map_err(Error::kube(
                     "apply",
-                    object("SandboxWarmPool", DEFAULT_POOL),
+                    object(kinds::SANDBOX_WARM_POOL, DEFAULT_POOL),
                 ))?;
         }
         Ok(())
@@ -488,7 +488,7 @@ impl LocalCluster {
             let pool = pools
                 .get_opt(DEFAULT_POOL)
                 .await
-                .map_err(Error::kube("get", object("SandboxWarmPool", DEFAULT_POOL)))?;
+                .map_err(Error::kube("get", object(kinds::SANDBOX_WARM_POOL, DEFAULT_POOL)))?;
             let now = pool
                 .as_ref()
                 .and_then(|p| p.status.as_ref())
