@@ -485,10 +485,10 @@ impl LocalCluster {
         let pools: Api<SandboxWarmPool> = Api::namespaced(self.client.clone(), DEFAULT_NAMESPACE);
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            let pool = pools
-                .get_opt(DEFAULT_POOL)
-                .await
-                .map_err(Error::kube("get", object(kinds::SANDBOX_WARM_POOL, DEFAULT_POOL)))?;
+            let pool = pools.get_opt(DEFAULT_POOL).await.map_err(Error::kube(
+                "get",
+                object(kinds::SANDBOX_WARM_POOL, DEFAULT_POOL),
+            ))?;
             let now = pool
                 .as_ref()
                 .and_then(|p| p.status.as_ref())
