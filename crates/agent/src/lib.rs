@@ -13,8 +13,8 @@
 //! - [`agent`]: the loop (one `tool_result` per `tool_use`, TTL pushed after every call,
 //!   turn and token limits);
 //! - [`session`]: claim, ready line, loop, delete unless `--keep`; `--local` on
-//!   `agent_sandbox_local`'s in-process cluster;
-//! - [`connect`]: the connection flags (kubeconfig, namespace, router) without `--local`.
+//!   `agent_sandbox_local`'s in-process cluster, else the SDK's connection flags
+//!   (`agent_sandbox::args::ConnectArgs`: kubeconfig, namespace, router).
 //!
 //! `docs/agent.md` shows a run and how to use it against a cluster and locally.
 
