@@ -12,7 +12,8 @@
 //! - the JSON of the runtime server: legacy endpoints and the `/v1` API ([`runtime`], [`runtime::v1`]);
 //! - the scoped router token format, minted and verified as pure functions ([`token`]);
 //! - the Kubernetes name syntax the router, sim and controller validate with ([`names`]), and the
-//!   one duration and size syntax of every binary's flags ([`units`]).
+//!   one duration and size syntax of every binary's flags ([`units`]);
+//! - how every binary reports an error: one line and exit status 2 for configuration ([`exit`]).
 //!
 //! Other crates import constants from here instead of spelling a string twice.
 
@@ -20,6 +21,7 @@ pub mod annotations;
 pub mod claim;
 pub mod conditions;
 pub mod crds;
+pub mod exit;
 mod hash;
 pub mod labels;
 pub mod names;

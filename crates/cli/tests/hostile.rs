@@ -59,29 +59,12 @@ fn stderr(out: &Output) -> String {
 /// The one line of a failed command's stderr (asserting there is exactly one).
 #[track_caller]
 fn one_line_error(out: &Output) -> String {
-    assert_eq!(out.status.code(), Some(1), "{}", stderr(out));
-    let text = stderr(out);
-    let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 1, "{text}");
-    assert!(lines[0].starts_with("error: "), "{text}");
-    lines[0].to_owned()
+    agent_sandbox_local::testkit::one_error_line(out, 1)
 }
 
 /// Every path under `root`, relative and sorted (symlinks listed, not followed).
 fn tree(root: &Path) -> Vec<String> {
-    let mut found = Vec::new();
-    let mut pending = vec![root.to_path_buf()];
-    while let Some(dir) = pending.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
-            let path = entry.path();
-            found.push(path.strip_prefix(root).unwrap().display().to_string());
-            if entry.file_type().unwrap().is_dir() {
-                pending.push(path);
-            }
-        }
-    }
-    found.sort();
-    found
+    agent_sandbox_local::testkit::tree(root).unwrap()
 }
 
 /// A fake sandbox whose base directory holds the directory `dir`, whose listing is `entries`;

@@ -9,6 +9,7 @@ use std::ffi::OsString;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use agent_sandbox_api::exit;
 use clap::Parser as _;
 
 /// The runtime's flags, for a binary's own subcommand definition.
@@ -49,25 +50,14 @@ pub fn main(args: Args) -> ExitCode {
     match serve(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("sandbox runtime: {}", error_chain(&error));
+            eprintln!("sandbox runtime: {}", exit::error_line(&error));
             if error.is_configuration() {
-                ExitCode::from(2)
+                ExitCode::from(exit::CONFIGURATION)
             } else {
                 ExitCode::FAILURE
             }
         }
     }
-}
-
-/// The error and its causes, `a: b: c` (the runtime's messages do not quote their causes).
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(next) = cause {
-        text = format!("{text}: {next}");
-        cause = next.source();
-    }
-    text
 }
 
 /// Serves the runtime with its own tokio runtime (call from a synchronous `main`).

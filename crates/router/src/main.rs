@@ -12,11 +12,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use agent_sandbox_api::exit;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-
-/// Exit code of a configuration error, the same as clap's for a bad command line.
-const CONFIG_ERROR: u8 = 2;
 
 /// A configuration the router cannot run with, beyond the library's own [`Error`] variants
 /// (see [`Error::is_configuration`]).
@@ -138,12 +136,12 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("error: {}{}", one_line(&error), hint(&error));
-            ExitCode::from(if is_configuration(&error) {
-                CONFIG_ERROR
-            } else {
-                1
-            })
+            eprintln!(
+                "error: {}{}",
+                exit::error_line(error.as_ref()),
+                hint(&error)
+            );
+            ExitCode::from(exit::status(is_configuration(&error)))
         }
     }
 }
@@ -155,27 +153,11 @@ fn usage_error(error: &clap::Error) -> ExitCode {
         let _ = error.print();
         return ExitCode::SUCCESS;
     }
-    let text = error.render().to_string();
-    let message = text.split("\n\n").next().unwrap_or_default();
-    let line = message.split_whitespace().collect::<Vec<_>>().join(" ");
-    eprintln!("{line} (see sandbox-router --help)");
-    ExitCode::from(CONFIG_ERROR)
-}
-
-/// The error and its causes, `a: b: c`, skipping a cause whose text is already there (kube's
-/// errors repeat their sources), on one line.
-fn one_line(error: &anyhow::Error) -> String {
-    let mut text = String::new();
-    for cause in error.chain() {
-        let cause = cause.to_string();
-        if !text.contains(&cause) {
-            if !text.is_empty() {
-                text.push_str(": ");
-            }
-            text.push_str(&cause);
-        }
-    }
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
+    eprintln!(
+        "{}",
+        exit::usage_line(&error.render().to_string(), "sandbox-router")
+    );
+    ExitCode::from(exit::CONFIGURATION)
 }
 
 fn is_configuration(error: &anyhow::Error) -> bool {

@@ -6,6 +6,8 @@
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
+use agent_sandbox_local::testkit::assert_configuration_error;
+
 /// A kubeconfig for an API server that is never contacted (nothing listens on port 9): the
 /// router builds its client from it, then fails before connecting.
 fn kubeconfig(dir: &Path) -> std::path::PathBuf {
@@ -37,20 +39,6 @@ fn router(kubeconfig: &Path, args: &[&str]) -> Output {
         .stdin(Stdio::null())
         .output()
         .unwrap()
-}
-
-fn assert_configuration_error(output: &Output, names: &str) {
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(2), "{stderr}");
-    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
-    assert_eq!(lines.len(), 1, "one line, not:\n{stderr}");
-    assert!(lines[0].starts_with("error: "), "{stderr}");
-    assert!(lines[0].contains(names), "{names:?} not in {stderr}");
-    let lower = stderr.to_ascii_lowercase();
-    assert!(
-        !lower.contains("backtrace") && !lower.contains("panicked"),
-        "{stderr}"
-    );
 }
 
 #[test]

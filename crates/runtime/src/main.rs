@@ -7,6 +7,7 @@
 
 use std::process::ExitCode;
 
+use agent_sandbox_api::exit;
 use clap::Parser;
 
 #[derive(Debug, Parser)]
@@ -21,9 +22,6 @@ struct Cli {
     args: agent_sandbox_runtime::Args,
 }
 
-/// Exit code of a configuration error (as clap's usage errors).
-const CONFIGURATION: u8 = 2;
-
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -36,7 +34,7 @@ fn main() -> ExitCode {
                 "{}",
                 text.lines().next().unwrap_or("error: invalid arguments")
             );
-            return ExitCode::from(CONFIGURATION);
+            return ExitCode::from(exit::CONFIGURATION);
         }
     };
     tracing_subscriber::fmt()
@@ -58,24 +56,12 @@ fn main() -> ExitCode {
     match agent_sandbox_runtime::run(cli.args.into_config()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("error: {}", one_line(&error));
+            eprintln!("error: {}", exit::error_line(&error));
             if error.is_configuration() {
-                ExitCode::from(CONFIGURATION)
+                ExitCode::from(exit::CONFIGURATION)
             } else {
                 ExitCode::FAILURE
             }
         }
     }
-}
-
-/// The error and its causes, joined with `: `.
-fn one_line(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }

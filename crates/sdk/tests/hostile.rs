@@ -34,19 +34,7 @@ async fn attach(fake: &FakeRouter, options: ClientOptions) -> (LocalCluster, San
 
 /// Every file and directory under `root`, relative, sorted (symlinks not followed).
 fn tree(root: &Path) -> Vec<String> {
-    let mut found = Vec::new();
-    let mut pending = vec![root.to_path_buf()];
-    while let Some(dir) = pending.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
-            let path = entry.path();
-            found.push(path.strip_prefix(root).unwrap().display().to_string());
-            if entry.file_type().unwrap().is_dir() {
-                pending.push(path);
-            }
-        }
-    }
-    found.sort();
-    found
+    agent_sandbox_local::testkit::tree(root).unwrap()
 }
 
 #[tokio::test]

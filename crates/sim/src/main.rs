@@ -8,12 +8,10 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use agent_sandbox_api::exit;
 use agent_sandbox_sim::{ImageEntry, Isolation, Program, Sim, SimConfig, runtime_entry};
 use anyhow::{Context, Result};
 use clap::Parser;
-
-/// Exit code of a configuration error, the same as clap's for a bad command line.
-const CONFIG_ERROR: u8 = 2;
 
 /// A flag value kube-sim cannot use, beyond clap's own checks and the library's
 /// [`agent_sandbox_sim::Error::is_configuration`] errors.
@@ -88,12 +86,12 @@ fn main() -> ExitCode {
     match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("error: {}{}", one_line(&error), hint(&error));
-            ExitCode::from(if is_configuration(&error) {
-                CONFIG_ERROR
-            } else {
-                1
-            })
+            eprintln!(
+                "error: {}{}",
+                exit::error_line(error.as_ref()),
+                hint(&error)
+            );
+            ExitCode::from(exit::status(is_configuration(&error)))
         }
     }
 }
@@ -105,27 +103,11 @@ fn usage_error(error: &clap::Error) -> ExitCode {
         let _ = error.print();
         return ExitCode::SUCCESS;
     }
-    let text = error.render().to_string();
-    let message = text.split("\n\n").next().unwrap_or_default();
-    let line = message.split_whitespace().collect::<Vec<_>>().join(" ");
-    eprintln!("{line} (see kube-sim --help)");
-    ExitCode::from(CONFIG_ERROR)
-}
-
-/// The error and its causes, `a: b: c`, skipping a cause whose text is already there, on one
-/// line.
-fn one_line(error: &anyhow::Error) -> String {
-    let mut text = String::new();
-    for cause in error.chain() {
-        let cause = cause.to_string();
-        if !text.contains(&cause) {
-            if !text.is_empty() {
-                text.push_str(": ");
-            }
-            text.push_str(&cause);
-        }
-    }
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
+    eprintln!(
+        "{}",
+        exit::usage_line(&error.render().to_string(), "kube-sim")
+    );
+    ExitCode::from(exit::CONFIGURATION)
 }
 
 fn is_configuration(error: &anyhow::Error) -> bool {

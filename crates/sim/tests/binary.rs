@@ -7,6 +7,7 @@ mod common;
 use std::process::Stdio;
 use std::time::Duration;
 
+use agent_sandbox_local::testkit::assert_configuration_error;
 use common::{container_pid, eventually, group_alive};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
@@ -88,21 +89,6 @@ fn kube_sim(args: &[&str]) -> std::process::Output {
         .stdin(Stdio::null())
         .output()
         .unwrap()
-}
-
-/// A configuration error is one line saying what is wrong and exit code 2, never a backtrace.
-fn assert_configuration_error(output: &std::process::Output, names: &str) {
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(2), "{stderr}");
-    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
-    assert_eq!(lines.len(), 1, "one line, not:\n{stderr}");
-    assert!(lines[0].starts_with("error: "), "{stderr}");
-    assert!(lines[0].contains(names), "{names:?} not in {stderr}");
-    let lower = stderr.to_ascii_lowercase();
-    assert!(
-        !lower.contains("backtrace") && !lower.contains("panicked"),
-        "{stderr}"
-    );
 }
 
 #[tokio::test]

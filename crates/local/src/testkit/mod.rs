@@ -10,6 +10,8 @@
 //!   with no controller or runtime;
 //! - [`workspace_binary`], [`runtime_program`] and [`router_binary`]: the workspace's binaries,
 //!   built for the running test's target directory and profile;
+//! - [`one_error_line`], [`assert_configuration_error`] and [`tree`]: what a binary printed on
+//!   an error and what a client wrote to disk;
 //! - [`kubeconfig_yaml`]: a kubeconfig for any `http://` API server URL (one nobody listens on,
 //!   for tests of unreachable clusters);
 //! - the fixture names: [`NAMESPACE`], [`TEMPLATE`], [`POOL`], [`GATEWAY`], [`ROUTER_POD`] (those
@@ -17,6 +19,7 @@
 
 mod fake_router;
 pub mod http;
+mod outputs;
 mod tools;
 
 use std::path::PathBuf;
@@ -24,6 +27,7 @@ use std::path::PathBuf;
 pub use agent_sandbox_sim::kubeconfig_yaml;
 pub use agent_sandbox_sim::test_support::pod_visible_dir;
 pub use fake_router::{FakeBody, FakeBoxError, FakeRequest, FakeRouter, ready_claim};
+pub use outputs::{assert_configuration_error, one_error_line, tree};
 pub use tools::{ALLOW_MISSING_ENV, LEDGER, Tool, missing};
 
 pub use crate::defaults::{
