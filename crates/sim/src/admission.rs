@@ -424,6 +424,9 @@ fn validate_metadata(info: &ResourceInfo, object: &Value) -> Vec<Cause> {
 
 fn validate_builtin(builtin: Builtin, object: &Value) -> Vec<Cause> {
     let mut causes = Vec::new();
+    if builtin == Builtin::NetworkPolicy {
+        validate_ip_blocks(object, &mut causes);
+    }
     if builtin == Builtin::Pod {
         let containers = object.pointer("/spec/containers").and_then(Value::as_array);
         match containers {
@@ -491,6 +494,100 @@ fn validate_builtin(builtin: Builtin, object: &Value) -> Vec<Cause> {
         }
     }
     causes
+}
+
+/// A CIDR as the API server parses one: an address and a prefix length within its family.
+fn parse_cidr(text: &str) -> Option<(std::net::IpAddr, u8)> {
+    let (address, prefix) = text.split_once('/')?;
+    let address: std::net::IpAddr = address.parse().ok()?;
+    let prefix: u8 = prefix.parse().ok()?;
+    let bits = if address.is_ipv4() { 32 } else { 128 };
+    (prefix <= bits).then_some((address, prefix))
+}
+
+/// The address as 128 bits (IPv4 in the low 32) and its family's width.
+fn bits_of(address: std::net::IpAddr) -> (u128, u32) {
+    match address {
+        std::net::IpAddr::V4(v4) => (u128::from(u32::from(v4)), 32),
+        std::net::IpAddr::V6(v6) => (u128::from(v6), 128),
+    }
+}
+
+/// Whether `inner` lies inside `outer` and is smaller: same family, a longer prefix, and the
+/// same leading bits.
+fn strict_subset(outer: (std::net::IpAddr, u8), inner: (std::net::IpAddr, u8)) -> bool {
+    let ((outer_bits, width), (inner_bits, inner_width)) = (bits_of(outer.0), bits_of(inner.0));
+    if width != inner_width || inner.1 <= outer.1 {
+        return false;
+    }
+    let shift = width - u32::from(outer.1);
+    outer_bits.checked_shr(shift).unwrap_or(0) == inner_bits.checked_shr(shift).unwrap_or(0)
+}
+
+fn ipv4_mapped(address: std::net::IpAddr) -> bool {
+    matches!(address, std::net::IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some())
+}
+
+/// `text` parsed as an `ipBlock` CIDR, or a cause saying why it is not one.
+fn checked_cidr(
+    field: String,
+    text: &str,
+    causes: &mut Vec<Cause>,
+) -> Option<(std::net::IpAddr, u8)> {
+    let parsed = parse_cidr(text);
+    let message = match parsed {
+        None => "must be a valid CIDR value, (e.g. 10.9.8.0/24 or 2001:db8::/64)",
+        Some((address, _)) if ipv4_mapped(address) => "must not have an IPv4-mapped IPv6 address",
+        Some(_) => return parsed,
+    };
+    causes.push(Cause {
+        reason: "FieldValueInvalid",
+        message: format!("Invalid value: \"{text}\": {message}"),
+        field,
+    });
+    None
+}
+
+/// `ipBlock` peers of a NetworkPolicy, checked as the API server checks them: `cidr` and every
+/// `except` entry a valid CIDR without an IPv4-mapped IPv6 address, and every `except` entry a
+/// strict subset of `cidr`.
+fn validate_ip_blocks(object: &Value, causes: &mut Vec<Cause>) {
+    for (direction, peers) in [("ingress", "from"), ("egress", "to")] {
+        let rules = object
+            .pointer(&format!("/spec/{direction}"))
+            .and_then(Value::as_array);
+        for (r, rule) in rules.into_iter().flatten().enumerate() {
+            let list = rule.get(peers).and_then(Value::as_array);
+            for (p, peer) in list.into_iter().flatten().enumerate() {
+                let Some(block) = peer.get("ipBlock") else {
+                    continue;
+                };
+                let at = format!("spec.{direction}[{r}].{peers}[{p}].ipBlock");
+                let cidr_text = block
+                    .get("cidr")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                let cidr = checked_cidr(format!("{at}.cidr"), cidr_text, causes);
+                let excepts = block.get("except").and_then(Value::as_array);
+                for (e, except) in excepts.into_iter().flatten().enumerate() {
+                    let text = except.as_str().unwrap_or_default();
+                    let field = format!("{at}.except[{e}]");
+                    let parsed = checked_cidr(field.clone(), text, causes);
+                    if let (Some(cidr), Some(parsed)) = (cidr, parsed)
+                        && !strict_subset(cidr, parsed)
+                    {
+                        causes.push(Cause {
+                            reason: "FieldValueInvalid",
+                            message: format!(
+                                "Invalid value: \"{text}\": must be a strict subset of `cidr`"
+                            ),
+                            field,
+                        });
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Pod spec fields an update may change (the API server forbids everything else).
@@ -671,6 +768,48 @@ mod tests {
             validate_update(&pods, &old, &command).unwrap_err().code,
             422
         );
+    }
+
+    #[test]
+    fn network_policy_ip_blocks_are_checked_as_the_api_server_does() {
+        let policies = info("networking.k8s.io", "networkpolicies");
+        let policy = |cidr: &str, except: &[&str]| {
+            json!({"metadata": {"name": "p", "namespace": "default"},
+                   "spec": {"podSelector": {}, "policyTypes": ["Egress"],
+                            "egress": [{"to": [{"ipBlock": {"cidr": cidr, "except": except}}]}]}})
+        };
+        let fields = |object: Value| -> String {
+            match admit(&policies, object, FieldValidation::Strict) {
+                Ok(_) => String::new(),
+                Err(error) => error.message,
+            }
+        };
+        assert_eq!(
+            fields(policy("0.0.0.0/0", &["10.0.0.0/8", "169.254.0.0/16"])),
+            ""
+        );
+        assert_eq!(
+            fields(policy("::/0", &["::1/128", "fc00::/7", "fe80::/10"])),
+            ""
+        );
+        let mapped = fields(policy("::/0", &["::ffff:0:0/96"]));
+        assert!(
+            mapped.contains("spec.egress[0].to[0].ipBlock.except[0]: Invalid value: \"::ffff:0:0/96\": must not have an IPv4-mapped IPv6 address"),
+            "{mapped}"
+        );
+        for (cidr, except) in [
+            ("10.0.0.0/8", "192.168.0.0/16"),
+            ("10.0.0.0/8", "10.0.0.0/8"),
+            ("::/0", "10.0.0.0/8"),
+        ] {
+            let error = fields(policy(cidr, &[except]));
+            assert!(
+                error.contains("must be a strict subset of `cidr`"),
+                "{cidr} {except}: {error}"
+            );
+        }
+        let bad = fields(policy("10.0.0.0/33", &[]));
+        assert!(bad.contains("spec.egress[0].to[0].ipBlock.cidr"), "{bad}");
     }
 
     #[test]

@@ -184,7 +184,10 @@ async fn kubectl_runs_waits_for_lists_and_deletes_a_runtime_pod() {
     assert!(group_alive(pid));
     let deleted = kubectl.ok(&["delete", "pod", "rt"]).await;
     // kubectl 1.35 and later add " from <namespace> namespace".
-    assert!(deleted.trim().starts_with("pod \"rt\" deleted"), "{deleted}");
+    assert!(
+        deleted.trim().starts_with("pod \"rt\" deleted"),
+        "{deleted}"
+    );
     // kubectl returns once the object is gone, which happens after the processes are gone.
     assert!(
         !group_alive(pid),

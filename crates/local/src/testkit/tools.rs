@@ -20,6 +20,9 @@ pub enum Tool {
     Bubblewrap,
     /// `python3` (the sandboxes of the local cluster run the host's tools).
     Python3,
+    /// The Kubernetes control plane (`kube-apiserver`, `kube-controller-manager`,
+    /// `kube-scheduler`, `etcd`, next to each other on `PATH`), as `cargo xtask tools` builds it.
+    ControlPlane,
 }
 
 impl Tool {
@@ -29,13 +32,34 @@ impl Tool {
             Self::Kubectl => "kubectl",
             Self::Bubblewrap => "bwrap",
             Self::Python3 => "python3",
+            Self::ControlPlane => "kube-apiserver",
         }
+    }
+
+    /// The directory of the control plane's binaries: where `kube-apiserver` is found on `PATH`,
+    /// if `etcd`, `kube-controller-manager`, `kube-scheduler` and `kubectl` are there too.
+    pub fn control_plane_dir() -> Option<PathBuf> {
+        let path = std::env::var_os("PATH")?;
+        std::env::split_paths(&path).find(|dir| {
+            [
+                "kube-apiserver",
+                "kube-controller-manager",
+                "kube-scheduler",
+                "etcd",
+                "kubectl",
+            ]
+            .iter()
+            .all(|name| dir.join(name).is_file())
+        })
     }
 
     /// How to get it.
     fn install(self) -> &'static str {
         match self {
-            Self::Kubectl => "apt-get install kubernetes-client (bash .ci/run installs it)",
+            Self::Kubectl | Self::ControlPlane => {
+                "cargo xtask tools (builds it from its Go module), then \
+                 export PATH=\"$(cargo xtask tools --print-bin-dir):$PATH\" (bash .ci/run does both)"
+            }
             Self::Bubblewrap => {
                 "apt-get install bubblewrap (bash .ci/run installs it); it also needs unprivileged \
                  user namespaces"
@@ -50,11 +74,15 @@ impl Tool {
             Self::Kubectl => runs("kubectl", &["version", "--client"]),
             Self::Bubblewrap => agent_sandbox_sim::bwrap_available(),
             Self::Python3 => runs("python3", &["--version"]),
+            Self::ControlPlane => Self::control_plane_dir().is_some(),
         };
         (!works).then(|| match self {
             Self::Bubblewrap => {
                 "bubblewrap (bwrap) is not installed or cannot create namespaces here".to_owned()
             }
+            Self::ControlPlane => "kube-apiserver, kube-controller-manager, kube-scheduler, etcd \
+                                   and kubectl are not together in a directory on PATH"
+                .to_owned(),
             tool => format!("{} is not installed", tool.name()),
         })
     }

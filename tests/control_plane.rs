@@ -1,0 +1,312 @@
+//! `deploy/` on a real Kubernetes API server: the CRDs, the RBAC and the manifests are applied
+//! to the control plane that `cargo xtask tools` builds (etcd, kube-apiserver,
+//! kube-controller-manager, kube-scheduler; no node), and the controller and the router run as
+//! processes with the credentials of their own ServiceAccounts, not as cluster admin. What only
+//! a real API server checks shows here: structural schemas and their pruning, server-side apply
+//! with field managers, RBAC verbs, the status subresource, Events, leader election on a Lease.
+//!
+//! No pod runs (no node has joined), so the pool's members stay Pending; the reconcilers must
+//! still do all their work up to that point without one error.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use agent_sandbox_api::{Sandbox, SandboxTemplate, SandboxWarmPool};
+use agent_sandbox_e2e::control_plane::{ControlPlane, Tools};
+use agent_sandbox_local::testkit::{self, Tool, http};
+use agent_sandbox_local::wait::{Check, Timeout, wait_for};
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::Api;
+use kube::api::ListParams;
+
+/// Within this, every step below happens on a machine of ours (usually in well under a tenth).
+const STEP: Duration = Duration::from_secs(60);
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// Runs kubectl as the admin; fails the test with kubectl's own words.
+async fn kubectl(plane: &ControlPlane, args: &[&str]) -> String {
+    let output = tokio::process::Command::new(plane.tools().path("kubectl"))
+        .arg("--kubeconfig")
+        .arg(plane.kubeconfig())
+        .args(args)
+        .current_dir(workspace_root())
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "kubectl {}: {}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A process of ours, killed when the test ends however it ends; its log is printed when the
+/// test fails.
+struct Running(tokio::process::Child, PathBuf);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.start_kill();
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.1).unwrap_or_default();
+            eprintln!("--- {} ---\n{log}", self.1.display());
+        }
+    }
+}
+
+/// Waits until `look` returns `Some` (`None`: not yet, with what it saw), within [`STEP`].
+async fn eventually<T, F, Fut>(what: &str, mut look: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let waited: Result<T, Timeout> = wait_for(what, STEP, || {
+        let next = look();
+        async move {
+            Ok(match next.await {
+                Ok(value) => Check::Done(value),
+                Err(seen) => Check::NotYet(seen),
+            })
+        }
+    })
+    .await;
+    waited.unwrap()
+}
+
+async fn ready(url: String, what: &str) {
+    eventually(&format!("{what} to answer {url} with 200"), || {
+        let url = url.clone();
+        async move {
+            match http::get(&url).await {
+                Ok(response) if response.status == 200 => Ok(()),
+                Ok(response) => Err(format!("status {}", response.status)),
+                Err(error) => Err(error.to_string()),
+            }
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deploy_installs_and_reconciles_on_a_real_api_server_with_its_own_rbac() {
+    if testkit::missing(Tool::ControlPlane) {
+        return;
+    }
+    let tools = Tools::in_dir(Tool::control_plane_dir().unwrap()).unwrap();
+    let plane = ControlPlane::start(tools, "node-1").await.unwrap();
+
+    // The generated CRDs: accepted (structural, every CEL rule within its cost budget) and
+    // established.
+    kubectl(&plane, &["apply", "--server-side", "-k", "deploy/crds"]).await;
+    kubectl(
+        &plane,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd",
+            "sandboxes.agents.x-k8s.io",
+            "sandboxtemplates.extensions.agents.x-k8s.io",
+            "sandboxwarmpools.extensions.agents.x-k8s.io",
+            "sandboxclaims.extensions.agents.x-k8s.io",
+        ],
+    )
+    .await;
+    // deploy/base as a user applies it, every field checked against the server's schemas.
+    kubectl(
+        &plane,
+        &[
+            "apply",
+            "--server-side",
+            "--validate=strict",
+            "-k",
+            "deploy/base",
+        ],
+    )
+    .await;
+
+    // The controller with its ServiceAccount's token: what its ClusterRole grants must be all
+    // it needs.
+    let controller_kubeconfig = plane
+        .service_account_kubeconfig(
+            "agent-sandbox-system",
+            "agent-sandbox-controller",
+            "controller.kubeconfig",
+        )
+        .await
+        .unwrap();
+    let controller_bin =
+        testkit::workspace_binary("agent-sandbox-controller", "agent-sandbox-controller").unwrap();
+    let health = free_port();
+    let metrics = free_port();
+    let controller_log = plane.dir().join("controller.log");
+    let controller = Running(
+        tokio::process::Command::new(controller_bin)
+            .env("KUBECONFIG", &controller_kubeconfig)
+            .env("POD_NAMESPACE", "agent-sandbox-system")
+            .env("RUST_LOG", "info")
+            .arg(format!("--health-probe-bind-address=127.0.0.1:{health}"))
+            .arg(format!("--metrics-bind-address=127.0.0.1:{metrics}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&controller_log).unwrap())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap(),
+        controller_log.clone(),
+    );
+    ready(
+        format!("http://127.0.0.1:{health}/readyz"),
+        "the controller",
+    )
+    .await;
+
+    // The router with its ServiceAccount's token: it watches Sandboxes and Pods cluster-wide,
+    // and is ready once both watches have synced.
+    let router_kubeconfig = plane
+        .service_account_kubeconfig(
+            "agent-sandbox-system",
+            "sandbox-router",
+            "router.kubeconfig",
+        )
+        .await
+        .unwrap();
+    let key = plane.dir().join("signing-key");
+    std::fs::write(&key, "0123456789abcdef0123456789abcdef").unwrap();
+    let router_port = free_port();
+    let router_log = plane.dir().join("router.log");
+    let router = Running(
+        tokio::process::Command::new(testkit::router_binary().unwrap())
+            .env("KUBECONFIG", &router_kubeconfig)
+            .env("RUST_LOG", "info")
+            .arg("--auth=scoped")
+            .arg(format!("--signing-key-file={}", key.display()))
+            .arg(format!("--listen=127.0.0.1:{router_port}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&router_log).unwrap())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap(),
+        router_log.clone(),
+    );
+    ready(
+        format!("http://127.0.0.1:{router_port}/readyz"),
+        "the router",
+    )
+    .await;
+
+    // A real cluster's namespaces have their `default` ServiceAccount (the controller manager
+    // makes it) before anyone creates pods there.
+    let client = plane.client().await.unwrap();
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), "default");
+    eventually(
+        "the default ServiceAccount of namespace default",
+        || async {
+            match accounts.get_opt("default").await {
+                Ok(Some(_)) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+
+    // The sandboxes of deploy/sandboxes, as a user applies them.
+    kubectl(
+        &plane,
+        &[
+            "apply",
+            "--server-side",
+            "--validate=strict",
+            "-k",
+            "deploy/sandboxes",
+        ],
+    )
+    .await;
+    let templates: Api<SandboxTemplate> = Api::namespaced(client.clone(), "default");
+    assert!(
+        templates
+            .get_opt(testkit::TEMPLATE)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), "default");
+    eventually("the template's NetworkPolicy", || async {
+        let found = policies.list(&ListParams::default()).await;
+        match found.map(|list| list.items.len()) {
+            Ok(count) if count >= 1 => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let pool: Api<SandboxWarmPool> = Api::namespaced(client.clone(), "default");
+    let replicas = pool.get(testkit::POOL).await.unwrap().spec.replicas;
+    let sandboxes: Api<Sandbox> = Api::namespaced(client.clone(), "default");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let want = usize::try_from(replicas).unwrap();
+    eventually("the pool's members and their pods", || async {
+        let sandboxes = sandboxes.list(&ListParams::default()).await;
+        let pods = pods.list(&ListParams::default()).await;
+        match (sandboxes, pods) {
+            (Ok(s), Ok(p)) if s.items.len() == want && p.items.len() == want => Ok(()),
+            (s, p) => Err(format!(
+                "sandboxes {:?}, pods {:?}",
+                s.map(|l| l.items.len()),
+                p.map(|l| l.items.len())
+            )),
+        }
+    })
+    .await;
+    let status = eventually("the pool's status", || async {
+        match pool.get(testkit::POOL).await.map(|p| p.status) {
+            Ok(Some(status)) if status.replicas == replicas => Ok(status),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert_eq!(status.ready_replicas, 0, "no node, so no member is Ready");
+
+    // Nothing the controller did was refused: no reconcile error counted, none logged.
+    let scrape = http::get(&format!("http://127.0.0.1:{metrics}/metrics"))
+        .await
+        .unwrap()
+        .text();
+    let errors: Vec<&str> = scrape
+        .lines()
+        .filter(|line| line.starts_with("agent_sandbox_reconcile_errors") && !line.ends_with(" 0"))
+        .collect();
+    let log = std::fs::read_to_string(&controller_log).unwrap_or_default();
+    assert!(errors.is_empty(), "reconcile errors: {errors:?}\n{log}");
+    for (what, log) in [("controller", &controller_log), ("router", &router_log)] {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        assert!(
+            !text.to_ascii_lowercase().contains("forbidden"),
+            "the {what} was refused something:\n{text}"
+        );
+    }
+    drop((controller, router));
+}
