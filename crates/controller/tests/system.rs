@@ -425,6 +425,37 @@ async fn a_pool_fills_and_a_claim_adopts_a_running_member_then_the_pool_refills(
     assert_eq!(members.iter().filter(|s| sandbox_ready(s)).count(), 4);
 }
 
+/// API writes other than the pools' status applies (which the write counts below keep apart).
+fn writes_but_pool_status(h: &Harness) -> u64 {
+    let counts = h.cluster.request_counts();
+    counts.writes()
+        - counts.get(
+            "apply",
+            "extensions.agents.x-k8s.io",
+            "sandboxwarmpools/status",
+        )
+}
+
+/// Waits until no write (but the pools' status) has happened for three looks in a row, 100 ms
+/// apart; at most 10 s.
+async fn quiet(h: &Harness) {
+    let mut last = writes_but_pool_status(h);
+    let mut unchanged = 0;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = writes_but_pool_status(h);
+        if now == last {
+            unchanged += 1;
+            if unchanged == 3 {
+                return;
+            }
+        } else {
+            (last, unchanged) = (now, 0);
+        }
+    }
+    panic!("the API saw writes for 10 s on end");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_warm_claim_costs_four_writes() {
     let h = Harness::start().await;
@@ -445,7 +476,9 @@ async fn a_warm_claim_costs_four_writes() {
         |gone| *gone,
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The follow-ups of the deletion (pool and member reconciles) have run once the API has
+    // seen no write but the pool's status for a while.
+    quiet(&h).await;
 
     let before = h.cluster.request_counts();
     let claims: Api<SandboxClaim> = h.api();
