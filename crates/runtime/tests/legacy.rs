@@ -625,3 +625,73 @@ async fn legacy_status_codes_for_long_paths_fifos_and_bad_multipart() {
         );
     }
 }
+
+/// Issue 21 item 5: `/execute` goes through the `/v1` exec pipeline, so both refuse the same
+/// requests, each in its own shape. A NUL byte in the command is a command that cannot run for
+/// `/execute` (200 and Python's message, as upstream) and a 400 for `/v1/exec`.
+#[tokio::test]
+async fn execute_and_v1_exec_share_their_checks() {
+    let server = TestServer::start().await;
+    for (legacy, v1) in [
+        (
+            json!({"command": "echo a\u{0}b"}),
+            json!({"argv": ["echo", "a\u{0}b"]}),
+        ),
+        (
+            json!({"command": "echo a\u{0}b", "shell": true}),
+            json!({"command": "echo a\u{0}b"}),
+        ),
+    ] {
+        let reply = server.post_json("/execute", &legacy).await;
+        assert_eq!(reply.status, StatusCode::OK, "{legacy}");
+        assert_json_include!(actual: reply.json(), expected: json!({
+            "stdout": "", "exit_code": 1, "timed_out": false,
+            "stderr": "Failed to execute command: embedded null byte"}));
+        let reply = server.post_json("/v1/exec", &v1).await;
+        assert_eq!(
+            (reply.status, reply.json()),
+            (
+                StatusCode::BAD_REQUEST,
+                json!({"code": "INVALID_ARGUMENT", "message": "the command contains a NUL byte"})
+            ),
+            "{v1}"
+        );
+    }
+    for extra in [
+        json!({"timeout_seconds": 0}),
+        json!({"timeout_seconds": -1.5}),
+        json!({"env": {"A=B": "x"}}),
+        json!({"env": {"A": "x\u{0}"}}),
+        json!({"cwd": "no-such-dir"}),
+        json!({"cwd": "../.."}),
+    ] {
+        let mut legacy = json!({"command": "true"});
+        let mut v1 = json!({"argv": ["true"]});
+        for (key, value) in extra.as_object().unwrap() {
+            legacy[key] = value.clone();
+            v1[key] = value.clone();
+        }
+        let legacy_reply = server.post_json("/execute", &legacy).await;
+        let v1_reply = server.post_json("/v1/exec", &v1).await;
+        assert!(
+            legacy_reply.status.is_client_error() && v1_reply.status.is_client_error(),
+            "{extra}: /execute {} {}, /v1/exec {} {}",
+            legacy_reply.status,
+            legacy_reply.text(),
+            v1_reply.status,
+            v1_reply.text()
+        );
+        // `/execute` keeps FastAPI's 422 for a body field that does not validate.
+        if extra.get("timeout_seconds").is_some() {
+            assert_eq!(legacy_reply.status, StatusCode::UNPROCESSABLE_ENTITY);
+            assert_eq!(
+                legacy_reply.json()["detail"][0]["loc"],
+                json!(["body", "timeout_seconds"])
+            );
+        } else {
+            assert_eq!(legacy_reply.status, v1_reply.status, "{extra}");
+            assert!(legacy_reply.json()["message"].is_string(), "{extra}");
+        }
+        assert!(v1_reply.json()["code"].is_string(), "{extra}");
+    }
+}

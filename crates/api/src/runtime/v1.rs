@@ -18,13 +18,22 @@ use serde::{Deserialize, Serialize};
 
 /// Paths of the `/v1` endpoints.
 pub mod paths {
+    /// What every `/v1` path starts with (errors under it have the `/v1` shape).
+    pub const PREFIX: &str = "/v1/";
     /// `GET /v1/health`: liveness with uptime; `503` while shutting down.
     pub const HEALTH: &str = "/v1/health";
     /// `POST /v1/exec`: run a command and stream [`super::ExecEvent`]s as NDJSON.
     pub const EXEC: &str = "/v1/exec";
-    /// `POST /v1/processes` (start), `GET /v1/processes` (list).
+    /// `POST /v1/processes` (start), `GET /v1/processes` (list); `GET|DELETE
+    /// /v1/processes/{id}` (one process), with the suffixes below for its other endpoints.
     pub const PROCESSES: &str = "/v1/processes";
-    /// `GET|HEAD|PUT|DELETE|POST /v1/files/{path}`.
+    /// After `/v1/processes/{id}`: `GET` its output as NDJSON ([`super::OutputQuery`]).
+    pub const PROCESS_OUTPUT: &str = "/output";
+    /// After `/v1/processes/{id}`: `POST` bytes to its standard input ([`super::StdinQuery`]).
+    pub const PROCESS_STDIN: &str = "/stdin";
+    /// After `/v1/processes/{id}`: `POST` a [`super::SignalRequest`] to its process group.
+    pub const PROCESS_SIGNAL: &str = "/signal";
+    /// `GET|HEAD|PUT|DELETE|POST /v1/files/{path}` (`/v1/files` alone is the base directory).
     pub const FILES: &str = "/v1/files/";
 }
 

@@ -6,14 +6,16 @@
 
 use std::sync::Arc;
 
-use agent_sandbox_api::runtime::v1::{DirectoryListing, ErrorCode, FILES_OP_MKDIR, FilesQuery};
+use agent_sandbox_api::runtime::v1::{
+    DirectoryListing, ErrorCode, FILES_OP_MKDIR, FilesQuery, paths,
+};
 use axum::body::Body;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, Request, State as Extract};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use super::legacy::{UploadOutcome, file_response, upload_part};
+use super::transfer::{UploadOutcome, file_response, upload_part};
 use super::{ApiError, Flavor, State, json, shown, tail};
 use crate::files::{self, Chunks, Kind, WriteError, blocking};
 use crate::paths::{Absolute, Beneath, Relative};
@@ -42,11 +44,8 @@ async fn handle(
 ) -> Result<Response> {
     let Query(query) = query.map_err(|e| invalid(e.body_text()))?;
     let uri = request.uri().clone();
-    let raw = if uri.path().starts_with("/v1/files/") {
-        tail(&uri, "/v1/files/")
-    } else {
-        ""
-    };
+    // `/v1/files` alone (no slash) names the base directory.
+    let raw = tail(&uri, paths::FILES);
     let path = percent_encoding::percent_decode_str(raw)
         .decode_utf8()
         .map_err(|_| invalid("the path is not valid UTF-8 after percent-decoding"))?

@@ -10,25 +10,28 @@
 use std::convert::Infallible;
 use std::time::Duration;
 
-use agent_sandbox_api::runtime::v1::ErrorCode;
+use agent_sandbox_api::runtime::v1::{ErrorCode, ExecRequest};
 use agent_sandbox_api::runtime::{
     ACCESS_DENIED, EXECUTE_FAILED_PREFIX, ExecuteRequest, ExecuteResponse, ExistsResponse,
     FILE_NOT_FOUND, HealthResponse, LIST_FAILED_PREFIX, MessageResponse, NOT_A_DIRECTORY,
-    UPLOAD_FAILED_PREFIX, UPLOAD_PART, ValidationErrorResponse,
+    UPLOAD_FAILED_PREFIX, ValidationErrorResponse, paths,
 };
 use axum::body::Body;
-use axum::extract::{FromRequest, Multipart, Request, State as Extract};
+use axum::extract::{Request, State as Extract};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use tokio::time::Instant;
 
+use super::exec::{Refusal, StartError, prepare, start};
+use super::transfer::{UploadOutcome, file_response, upload_part};
 use super::{ApiError, Flavor, State, decode_lossy, fs_code, json, read_body, shown, tail};
-use crate::exec::spawn::{spawn, spawn_failure_code, spawn_failure_message};
-use crate::exec::{Capture, Limits, Outcome, drive};
+use crate::exec::spawn::{spawn_failure_code, spawn_failure_message};
+use crate::exec::{Capture, Outcome};
 use crate::files::{self, WriteError, blocking};
 use crate::output::JsonText;
-use crate::paths::{Absolute, Beneath, FsErrorKind, PathError, classify};
+use crate::paths::{Absolute, FsErrorKind, PathError, classify};
+use crate::split::{SplitError, split};
 
 pub(crate) async fn health() -> Response {
     json(StatusCode::OK, &HealthResponse::ok())
@@ -60,7 +63,9 @@ fn invalid_body(error: &serde_json::Error) -> Response {
     }
 }
 
-fn failed(stderr: String, exit_code: i32, started: Instant) -> Response {
+/// The answer when the command could not run: upstream's `Failed to execute command: ...` in
+/// `stderr`, with a conventional exit code.
+fn failed(stderr: &str, exit_code: i32, received: Instant) -> Response {
     json(
         StatusCode::OK,
         &ExecuteResponse {
@@ -70,9 +75,38 @@ fn failed(stderr: String, exit_code: i32, started: Instant) -> Response {
             timed_out: Some(false),
             stdout_truncated: Some(false),
             stderr_truncated: Some(false),
-            duration_ms: Some(u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX)),
+            duration_ms: Some(u64::try_from(received.elapsed().as_millis()).unwrap_or(u64::MAX)),
         },
     )
+}
+
+/// The `/v1` request an upstream body means: through `/bin/sh -c` with `shell`, else split
+/// shlex-style into an `argv` (no shell).
+fn to_exec_request(request: ExecuteRequest) -> Result<ExecRequest, SplitError> {
+    let ExecuteRequest {
+        command,
+        shell,
+        cwd,
+        env,
+        timeout_seconds,
+        stdin,
+        max_output_bytes,
+    } = request;
+    let (command, argv) = if shell == Some(true) {
+        (Some(command), None)
+    } else {
+        (None, Some(split(&command)?))
+    };
+    Ok(ExecRequest {
+        command,
+        argv,
+        cwd,
+        env,
+        timeout_seconds,
+        stdin,
+        max_output_bytes,
+        stdin_open: None,
+    })
 }
 
 pub(crate) async fn execute(
@@ -80,7 +114,7 @@ pub(crate) async fn execute(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let started = Instant::now();
+    let received = Instant::now();
     let bytes = match read_body(&headers, body, state.config.max_body_bytes).await {
         Ok(bytes) => bytes,
         Err(error) => return error.into_api(Flavor::Legacy).into_response(),
@@ -94,80 +128,52 @@ pub(crate) async fn execute(
     };
     // The parsed request holds what is needed; the raw body is not kept while the command runs.
     drop(bytes);
-    if state.shutdown.is_cancelled() {
-        return ApiError::shutting_down(Flavor::Legacy).into_response();
-    }
-    let argv = if request.shell == Some(true) {
-        vec![
-            "/bin/sh".to_owned(),
-            "-c".to_owned(),
-            request.command.clone(),
-        ]
-    } else {
-        match crate::split::split(&request.command) {
-            Ok(argv) if argv.is_empty() => return failed("no command given".into(), 1, started),
-            Ok(argv) => argv,
-            // A shell reports a syntax error with 2.
-            Err(error) => return failed(error.to_string(), 2, started),
+    let request = match to_exec_request(request) {
+        Ok(request) => request,
+        // A shell reports a syntax error with 2.
+        Err(error) => return failed(&error.to_string(), 2, received),
+    };
+    let prepared = match prepare(
+        &state,
+        request,
+        Some(state.config.exec_timeout),
+        Flavor::Legacy,
+    ) {
+        Ok(prepared) => prepared,
+        Err(Refusal::NoCommand) => return failed("no command given", 1, received),
+        // Python's words for it (`ValueError: embedded null byte`).
+        Err(Refusal::Nul) => return failed("embedded null byte", 1, received),
+        Err(Refusal::Timeout) => {
+            return validation(
+                "value_error",
+                &["body", "timeout_seconds"],
+                "timeout_seconds must be a finite number above 0",
+            );
         }
+        Err(Refusal::Api(error)) => return error.into_response(),
     };
-    let cwd = match super::v1::resolve_cwd(&state, request.cwd.as_deref(), Flavor::Legacy) {
-        Ok(cwd) => cwd,
-        Err(error) => return error.into_response(),
-    };
-    let env = match super::v1::check_env(request.env.as_ref(), Flavor::Legacy) {
-        Ok(env) => env,
-        Err(error) => return error.into_response(),
-    };
-    let timeout = match request.timeout_seconds {
-        None => state.config.exec_timeout,
-        Some(secs) => match super::v1::check_timeout(secs) {
-            Some(timeout) => timeout,
-            None => {
-                return validation(
-                    "value_error",
-                    &["body", "timeout_seconds"],
-                    "timeout_seconds must be a finite number above 0",
-                );
-            }
-        },
-    };
-    let cap = request
-        .max_output_bytes
-        .unwrap_or(u64::MAX)
-        .min(state.config.max_output_bytes);
-    let Ok(permit) = std::sync::Arc::clone(&state.permits).try_acquire_owned() else {
-        return ApiError::busy(Flavor::Legacy, state.config.max_processes).into_response();
-    };
-    let stdin = request.stdin.map(String::into_bytes);
-    let spec = crate::exec::CommandSpec {
-        argv,
-        cwd,
-        env,
-        stdin_piped: stdin.is_some(),
-    };
-    let spawned = match spawn(&spec, &state.groups, state.hardening.as_ref()) {
-        Ok(spawned) => spawned,
-        Err(error) => {
-            let program = spec.argv.first().map(String::as_str).unwrap_or_default();
+    let timeout = prepared.limits.timeout.unwrap_or(state.config.exec_timeout);
+    let mut capture = Capture::new(prepared.limits.max_output_bytes);
+    let started = match start(&state, prepared) {
+        Ok(started) => started,
+        Err(StartError::ShuttingDown) => {
+            return ApiError::shutting_down(Flavor::Legacy).into_response();
+        }
+        Err(StartError::Busy) => {
+            return ApiError::busy(Flavor::Legacy, state.config.max_processes).into_response();
+        }
+        Err(StartError::Spawn { error, program }) => {
             return failed(
-                spawn_failure_message(&error, program),
+                &spawn_failure_message(&error, &program),
                 spawn_failure_code(&error),
-                started,
+                received,
             );
         }
     };
-    let limits = Limits {
-        timeout: Some(timeout),
-        max_output_bytes: cap,
-        drain: state.config.drain_timeout,
-    };
-    let mut capture = Capture::new(cap);
     // Runs inside this handler: if the client disconnects, hyper drops this future and the
-    // group guard inside `drive` kills the whole group.
+    // group guard inside the driver kills the whole group.
     let cancel = state.shutdown.child_token();
-    let outcome = drive(spawned, stdin, limits, &mut capture, &cancel, started).await;
-    drop(permit);
+    let outcome = started.drive(&mut capture, &cancel).await;
     execute_response(&outcome, capture, timeout)
 }
 
@@ -327,69 +333,6 @@ impl Iterator for ExecuteBody {
     }
 }
 
-/// A multipart field as a chunk source.
-struct FieldChunks<'a>(axum::extract::multipart::Field<'a>);
-
-impl files::Chunks for FieldChunks<'_> {
-    async fn next_chunk(&mut self) -> Result<Option<bytes::Bytes>, String> {
-        self.0.chunk().await.map_err(|e| e.body_text())
-    }
-}
-
-/// Writes the part named `file` of a multipart request to the path its filename gives
-/// (relative to the base directory). Shared by `/upload` and multipart `PUT /v1/files`.
-pub(crate) enum UploadOutcome {
-    Written { filename: String },
-    MissingFile,
-    NotAFile,
-    Refused { filename: String, error: PathError },
-    Failed(WriteError),
-}
-
-pub(crate) async fn upload_part(
-    state: &State,
-    request: Request,
-    target: Option<Beneath>,
-    mode: Option<u32>,
-) -> UploadOutcome {
-    let Ok(mut multipart) = Multipart::from_request(request, &()).await else {
-        return UploadOutcome::MissingFile;
-    };
-    loop {
-        let field = match multipart.next_field().await {
-            Ok(Some(field)) => field,
-            Ok(None) => return UploadOutcome::MissingFile,
-            Err(error) => return UploadOutcome::Failed(WriteError::Body(error.body_text())),
-        };
-        if field.name() != Some(UPLOAD_PART) {
-            continue;
-        }
-        let Some(filename) = field.file_name().map(str::to_owned) else {
-            return UploadOutcome::NotAFile;
-        };
-        let rel = match target {
-            Some(rel) => rel,
-            None => match state.root.beneath(&filename, Absolute::StripLeadingSlash) {
-                Ok(rel) => rel,
-                Err(error) => return UploadOutcome::Refused { filename, error },
-            },
-        };
-        let mut chunks = FieldChunks(field);
-        return match files::write_atomic(
-            std::sync::Arc::clone(&state.root),
-            rel,
-            mode,
-            state.config.max_upload_bytes,
-            &mut chunks,
-        )
-        .await
-        {
-            Ok(_) => UploadOutcome::Written { filename },
-            Err(error) => UploadOutcome::Failed(error),
-        };
-    }
-}
-
 pub(crate) async fn upload(Extract(state): Extract<State>, request: Request) -> Response {
     if super::content_length(request.headers())
         .is_some_and(|len| len > state.config.max_upload_bytes)
@@ -483,23 +426,8 @@ pub(crate) fn content_disposition(filename: &str) -> String {
     }
 }
 
-/// A streamed file body of `size` bytes.
-pub(crate) fn file_response(
-    file: std::fs::File,
-    size: u64,
-    content_type: &'static str,
-) -> Response {
-    let stream =
-        tokio_util::io::ReaderStream::with_capacity(tokio::fs::File::from_std(file), 128 * 1024);
-    let mut response = Response::new(Body::from_stream(stream));
-    let headers = response.headers_mut();
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(size));
-    response
-}
-
 pub(crate) async fn download(Extract(state): Extract<State>, uri: Uri) -> Response {
-    let path = legacy_path(&uri, "/download/");
+    let path = legacy_path(&uri, paths::DOWNLOAD);
     let rel = match state.root.relative(&path, Absolute::StripLeadingSlash) {
         Ok(rel) => rel,
         Err(error) => return ApiError::path(Flavor::Legacy, error, &path).into_response(),
@@ -526,7 +454,7 @@ pub(crate) async fn download(Extract(state): Extract<State>, uri: Uri) -> Respon
 }
 
 pub(crate) async fn list(Extract(state): Extract<State>, uri: Uri) -> Response {
-    let path = legacy_path(&uri, "/list/");
+    let path = legacy_path(&uri, paths::LIST);
     let rel = match state.root.relative(&path, Absolute::StripLeadingSlash) {
         Ok(rel) => rel,
         Err(error) => return ApiError::path(Flavor::Legacy, error, &path).into_response(),
@@ -552,7 +480,7 @@ pub(crate) async fn list(Extract(state): Extract<State>, uri: Uri) -> Response {
 }
 
 pub(crate) async fn exists(Extract(state): Extract<State>, uri: Uri) -> Response {
-    let path = legacy_path(&uri, "/exists/");
+    let path = legacy_path(&uri, paths::EXISTS);
     let rel = match state.root.relative(&path, Absolute::StripLeadingSlash) {
         Ok(rel) => rel,
         Err(error) => return ApiError::path(Flavor::Legacy, error, &path).into_response(),

@@ -1,16 +1,21 @@
 //! The HTTP surface: shared state, the router, error bodies and request-body limits. The
 //! handlers are in [`legacy`] (upstream's endpoints, byte-compatible), [`v1`] (streaming exec
-//! and background processes) and [`files`] (`/v1/files`).
+//! and background processes) and [`files`] (`/v1/files`); what more than one of them uses is
+//! here, in [`exec`] (the one exec pipeline) and in [`transfer`] (uploads and file bodies).
+//! The handler modules do not use each other.
 
+mod exec;
 mod files;
 mod legacy;
+mod transfer;
 mod v1;
 
 use std::sync::Arc;
 use std::time::Instant;
 
+use agent_sandbox_api::runtime::v1::paths as v1_paths;
 use agent_sandbox_api::runtime::v1::{ErrorBody, ErrorCode, ExecEvent};
-use agent_sandbox_api::runtime::{DetailResponse, MessageResponse};
+use agent_sandbox_api::runtime::{DetailResponse, MessageResponse, paths};
 use axum::Router;
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
@@ -47,27 +52,31 @@ pub(crate) struct AppState {
 
 pub(crate) type State = Arc<AppState>;
 
+/// The routes, from the path constants of `agent_sandbox_api::runtime` (the ones the clients
+/// use). A `{path}` endpoint also answers its bare prefix (`/list/` lists the base directory).
 pub(crate) fn router(state: State) -> Router {
+    let tail = |prefix: &str| format!("{prefix}{{*path}}");
+    let process = |suffix: &str| format!("{}/{{id}}{suffix}", v1_paths::PROCESSES);
     Router::new()
-        .route("/", get(legacy::health))
-        .route("/execute", post(legacy::execute))
-        .route("/upload", post(legacy::upload))
-        .route("/download/", get(legacy::download))
-        .route("/download/{*path}", get(legacy::download))
-        .route("/list/", get(legacy::list))
-        .route("/list/{*path}", get(legacy::list))
-        .route("/exists/", get(legacy::exists))
-        .route("/exists/{*path}", get(legacy::exists))
-        .route("/v1/health", get(v1::health))
-        .route("/v1/exec", post(v1::exec))
-        .route("/v1/processes", post(v1::start).get(v1::list))
-        .route("/v1/processes/{id}", get(v1::get).delete(v1::delete))
-        .route("/v1/processes/{id}/output", get(v1::output))
-        .route("/v1/processes/{id}/stdin", post(v1::stdin))
-        .route("/v1/processes/{id}/signal", post(v1::signal))
-        .route("/v1/files", any(files::files))
-        .route("/v1/files/", any(files::files))
-        .route("/v1/files/{*path}", any(files::files))
+        .route(paths::HEALTH, get(legacy::health))
+        .route(paths::EXECUTE, post(legacy::execute))
+        .route(paths::UPLOAD, post(legacy::upload))
+        .route(paths::DOWNLOAD, get(legacy::download))
+        .route(&tail(paths::DOWNLOAD), get(legacy::download))
+        .route(paths::LIST, get(legacy::list))
+        .route(&tail(paths::LIST), get(legacy::list))
+        .route(paths::EXISTS, get(legacy::exists))
+        .route(&tail(paths::EXISTS), get(legacy::exists))
+        .route(v1_paths::HEALTH, get(v1::health))
+        .route(v1_paths::EXEC, post(v1::exec))
+        .route(v1_paths::PROCESSES, post(v1::start).get(v1::list))
+        .route(&process(""), get(v1::get).delete(v1::delete))
+        .route(&process(v1_paths::PROCESS_OUTPUT), get(v1::output))
+        .route(&process(v1_paths::PROCESS_STDIN), post(v1::stdin))
+        .route(&process(v1_paths::PROCESS_SIGNAL), post(v1::signal))
+        .route(v1_paths::FILES.trim_end_matches('/'), any(files::files))
+        .route(v1_paths::FILES, any(files::files))
+        .route(&tail(v1_paths::FILES), any(files::files))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         // Bodies are limited by the handlers themselves (413 in the endpoint's error shape);
@@ -78,7 +87,7 @@ pub(crate) fn router(state: State) -> Router {
 
 /// Unknown paths: FastAPI's `{"detail": "Not Found"}` outside `/v1`, our error shape inside.
 async fn not_found(uri: Uri) -> Response {
-    if uri.path().starts_with("/v1/") {
+    if uri.path().starts_with(v1_paths::PREFIX) {
         ApiError::v1(
             ErrorCode::NotFound,
             format!("no endpoint at {}", uri.path()),
@@ -94,7 +103,7 @@ async fn not_found(uri: Uri) -> Response {
 }
 
 async fn method_not_allowed(uri: Uri) -> Response {
-    if uri.path().starts_with("/v1/") {
+    if uri.path().starts_with(v1_paths::PREFIX) {
         ApiError::v1(
             ErrorCode::MethodNotAllowed,
             format!("method not allowed on {}", uri.path()),

@@ -1,9 +1,7 @@
 //! `/v1` exec and processes: `POST /v1/exec` streams NDJSON events of one command;
 //! `/v1/processes` starts background commands and reads, feeds, signals and forgets them.
 
-use std::collections::BTreeMap;
 use std::convert::Infallible;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,14 +17,13 @@ use axum::response::{IntoResponse, Response};
 use rustix::process::Signal;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
-use tokio::time::Instant;
 
+use super::exec::{Refusal, StartError, Started, prepare};
 use super::{ApiError, Flavor, State, json, ndjson_line, ndjson_response, read_body};
+use crate::exec::ChannelSink;
 use crate::exec::groups::signal_group;
-use crate::exec::spawn::{spawn, spawn_failure_message};
-use crate::exec::{ChannelSink, CommandSpec, Limits, drive};
+use crate::exec::spawn::spawn_failure_message;
 use crate::output::chunk_event;
-use crate::paths::{Absolute, FsErrorKind, classify};
 use crate::processes::{LogSink, Process};
 
 type Result<T, E = ApiError> = std::result::Result<T, E>;
@@ -49,63 +46,6 @@ pub(crate) async fn health(Extract(state): Extract<State>) -> Response {
                 uptime_seconds,
             },
         )
-    }
-}
-
-/// The working directory a request asks for, confined to the base directory.
-pub(crate) fn resolve_cwd(state: &State, cwd: Option<&str>, flavor: Flavor) -> Result<PathBuf> {
-    let Some(cwd) = cwd else {
-        return Ok(state.root.canonical().to_path_buf());
-    };
-    let rel = state
-        .root
-        .relative(cwd, Absolute::Refuse)
-        .map_err(|e| ApiError::path(flavor, e, cwd))?;
-    state
-        .root
-        .directory(&rel)
-        .map_err(|error| match classify(&error) {
-            FsErrorKind::Escapes | FsErrorKind::Loop | FsErrorKind::PermissionDenied => {
-                ApiError::path(flavor, crate::paths::PathError::Escapes, cwd)
-            }
-            FsErrorKind::NameTooLong => {
-                ApiError::path(flavor, crate::paths::PathError::TooLong, cwd)
-            }
-            _ => ApiError::new(
-                flavor,
-                ErrorCode::NotFound,
-                format!("working directory '{cwd}' is not a directory beneath the base directory"),
-            ),
-        })
-}
-
-/// Environment variables as given, refusing names the OS cannot take.
-pub(crate) fn check_env(
-    env: Option<&BTreeMap<String, String>>,
-    flavor: Flavor,
-) -> Result<Vec<(String, String)>> {
-    let Some(env) = env else {
-        return Ok(Vec::new());
-    };
-    for (name, value) in env {
-        if name.is_empty() || name.contains('=') || name.contains('\0') || value.contains('\0') {
-            return Err(ApiError::new(
-                flavor,
-                ErrorCode::InvalidArgument,
-                format!("invalid environment variable name or value: {name:?}"),
-            ));
-        }
-    }
-    Ok(env.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
-}
-
-/// A requested timeout, when it is a finite number of seconds above 0.
-pub(crate) fn check_timeout(seconds: f64) -> Option<Duration> {
-    if seconds.is_finite() && seconds > 0.0 {
-        // Beyond ~30 years a timeout means none; keep it representable.
-        Duration::try_from_secs_f64(seconds.min(1e9)).ok()
-    } else {
-        None
     }
 }
 
@@ -147,77 +87,30 @@ async fn parse_request(state: &State, headers: &HeaderMap, body: Body) -> Result
     serde_json::from_slice(&bytes).map_err(|e| invalid(format!("invalid request body: {e}")))
 }
 
-struct Prepared {
-    spec: CommandSpec,
-    stdin: Option<Vec<u8>>,
-    limits: Limits,
-}
-
-fn prepare(
+/// Checks and starts `request` through the shared pipeline, with `/v1`'s answers to refusals.
+fn start_command(
     state: &State,
-    request: &ExecRequest,
+    request: ExecRequest,
     default_timeout: Option<Duration>,
-) -> Result<Prepared> {
-    let argv = match (&request.command, &request.argv) {
-        (Some(command), None) => vec!["/bin/sh".to_owned(), "-c".to_owned(), command.clone()],
-        (None, Some(argv)) if !argv.is_empty() => argv.clone(),
-        _ => {
-            return Err(invalid(
-                "give exactly one of `command` and a non-empty `argv`",
-            ));
-        }
-    };
-    if argv.iter().any(|arg| arg.contains('\0')) {
-        return Err(invalid("the command contains a NUL byte"));
-    }
-    let cwd = resolve_cwd(state, request.cwd.as_deref(), Flavor::V1)?;
-    let env = check_env(request.env.as_ref(), Flavor::V1)?;
-    let timeout = match request.timeout_seconds {
-        None => default_timeout,
-        Some(secs) => Some(
-            check_timeout(secs)
-                .ok_or_else(|| invalid("timeout_seconds must be a finite number above 0"))?,
+) -> Result<Started> {
+    let prepared =
+        prepare(state, request, default_timeout, Flavor::V1).map_err(|refusal| match refusal {
+            Refusal::NoCommand => invalid("give exactly one of `command` and a non-empty `argv`"),
+            Refusal::Nul => invalid("the command contains a NUL byte"),
+            Refusal::Timeout => invalid("timeout_seconds must be a finite number above 0"),
+            Refusal::Api(error) => error,
+        })?;
+    super::exec::start(state, prepared).map_err(|error| match error {
+        StartError::ShuttingDown => ApiError::shutting_down(Flavor::V1),
+        StartError::Busy => ApiError::busy(Flavor::V1, state.config.max_processes),
+        StartError::Spawn { error, program } => ApiError::v1(
+            ErrorCode::SpawnFailed,
+            format!(
+                "failed to start the command: {}",
+                spawn_failure_message(&error, &program)
+            ),
         ),
-    };
-    let stdin = request.stdin.clone().map(String::into_bytes);
-    let stdin_open = request.stdin_open == Some(true);
-    Ok(Prepared {
-        spec: CommandSpec {
-            argv,
-            cwd,
-            env,
-            stdin_piped: stdin.is_some() || stdin_open,
-        },
-        stdin,
-        limits: Limits {
-            timeout,
-            max_output_bytes: request
-                .max_output_bytes
-                .unwrap_or(u64::MAX)
-                .min(state.config.max_output_bytes),
-            drain: state.config.drain_timeout,
-        },
     })
-}
-
-fn acquire(state: &State) -> Result<tokio::sync::OwnedSemaphorePermit> {
-    if state.shutdown.is_cancelled() {
-        return Err(ApiError::shutting_down(Flavor::V1));
-    }
-    Arc::clone(&state.permits)
-        .try_acquire_owned()
-        .map_err(|_| ApiError::busy(Flavor::V1, state.config.max_processes))
-}
-
-fn spawn_failed(error: &std::io::Error, spec: &CommandSpec) -> ApiError {
-    let program = spec.argv.first().map(String::as_str).unwrap_or_default();
-    ApiError::v1(
-        ErrorCode::SpawnFailed,
-        format!(
-            "failed to start the command: {}",
-            spawn_failure_message(error, program)
-        ),
-    )
 }
 
 pub(crate) async fn exec(
@@ -238,27 +131,16 @@ async fn exec_inner(state: State, headers: HeaderMap, body: Body) -> Result<Resp
             "stdin_open is for background processes (POST /v1/processes)",
         ));
     }
-    let prepared = prepare(&state, &request, Some(state.config.exec_timeout))?;
-    let permit = acquire(&state)?;
-    let started = Instant::now();
-    let spawned = spawn(&prepared.spec, &state.groups, state.hardening.as_ref())
-        .map_err(|e| spawn_failed(&e, &prepared.spec))?;
+    let started = start_command(&state, request, Some(state.config.exec_timeout))?;
     let (events_tx, mut events_rx) = mpsc::channel(32);
     // The channel is new and has room: the start event always fits.
-    let _ = events_tx.try_send(ExecEvent::Start { pid: spawned.pid });
+    let _ = events_tx.try_send(ExecEvent::Start {
+        pid: started.spawned.pid,
+    });
     let cancel = state.shutdown.child_token();
     state.tracker.spawn(async move {
         let mut sink = ChannelSink::new(events_tx.clone());
-        let outcome = drive(
-            spawned,
-            prepared.stdin,
-            prepared.limits,
-            &mut sink,
-            &cancel,
-            started,
-        )
-        .await;
-        drop(permit);
+        let outcome = started.drive(&mut sink, &cancel).await;
         let _ = events_tx.send(ExecEvent::Exit(outcome.exit_info())).await;
     });
     let stream = futures_util::stream::poll_fn(move |cx| {
@@ -282,28 +164,27 @@ pub(crate) async fn start(
 
 async fn start_inner(state: State, headers: HeaderMap, body: Body) -> Result<Response> {
     let request = parse_request(&state, &headers, body).await?;
-    let prepared = prepare(&state, &request, None)?;
     let stdin_open = request.stdin_open == Some(true);
-    let permit = acquire(&state)?;
-    let started = Instant::now();
-    let mut spawned = spawn(&prepared.spec, &state.groups, state.hardening.as_ref())
-        .map_err(|e| spawn_failed(&e, &prepared.spec))?;
-    let (kept_stdin, driver_stdin) = if stdin_open {
-        (spawned.stdin.take(), None)
+    let (command, argv) = (request.command.clone(), request.argv.clone());
+    let mut started = start_command(&state, request, None)?;
+    // With `stdin_open` the pipe is the process's, for later writes; the initial bytes are
+    // written through it below instead of by the driver.
+    let (kept_stdin, initial_stdin) = if stdin_open {
+        (started.spawned.stdin.take(), started.stdin.take())
     } else {
-        (None, prepared.stdin.clone())
+        (None, None)
     };
     let process = Arc::new(Process::new(
         state.processes.next_id(),
-        request.command.clone(),
-        request.argv.clone(),
-        spawned.pid,
-        spawned.group.pgid(),
+        command,
+        argv,
+        started.spawned.pid,
+        started.spawned.group.pgid(),
         state.config.process_buffer_bytes,
         kept_stdin,
         state.shutdown.child_token(),
     ));
-    if stdin_open && let Some(initial) = prepared.stdin {
+    if let Some(initial) = initial_stdin {
         // Taken before any later write can queue for it, so the initial bytes come first.
         let mut pipe = Arc::clone(&process.stdin).lock_owned().await;
         state.tracker.spawn(async move {
@@ -317,16 +198,7 @@ async fn start_inner(state: State, headers: HeaderMap, body: Body) -> Result<Res
     let task_state = Arc::clone(&state);
     state.tracker.spawn(async move {
         let mut sink = LogSink::new(Arc::clone(&process));
-        let outcome = drive(
-            spawned,
-            driver_stdin,
-            prepared.limits,
-            &mut sink,
-            &process.cancel,
-            started,
-        )
-        .await;
-        drop(permit);
+        let outcome = started.drive(&mut sink, &process.cancel).await;
         process.finish(outcome.exit_info());
         *process.stdin.lock().await = None;
         task_state.processes.prune();
@@ -584,14 +456,5 @@ mod tests {
         assert_eq!(parse_signal(&SignalName::Number(2)), Some(Signal::INT));
         assert_eq!(parse_signal(&SignalName::Name("NOPE".into())), None);
         assert_eq!(parse_signal(&SignalName::Number(0)), None);
-    }
-
-    #[test]
-    fn timeouts() {
-        assert_eq!(check_timeout(1.5), Some(Duration::from_millis(1500)));
-        assert_eq!(check_timeout(0.0), None);
-        assert_eq!(check_timeout(-1.0), None);
-        assert_eq!(check_timeout(f64::NAN), None);
-        assert!(check_timeout(1e300).is_some());
     }
 }
