@@ -1,10 +1,11 @@
 //! Cases for `crates/runtime`: the release `sandbox-runtime` binary started as the simulated
-//! cluster starts it (env `SANDBOX_LISTEN`, `SANDBOX_BASE_DIR`) and driven over loopback HTTP
-//! with a hyper client: `/execute` round trips at concurrency 1 and 16, idle RSS, and 1 GiB
+//! cluster starts it (env `SANDBOX_LISTEN`, `SANDBOX_BASE_DIR`) and driven over loopback HTTP:
+//! `/execute` round trips at concurrency 1 and 16 (hyper client), the exec hot path against the
+//! physical floor measured in the same run, the no-process throughput, idle RSS, and 1 GiB
 //! streamed PUT and GET with the server's peak RSS.
 
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
+use std::io::{BufRead, BufReader, Read as _, Write as _};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -26,6 +27,16 @@ pub(super) fn cases() -> Vec<Case> {
             name: "runtime/exec-echo",
             about: "POST /execute {\"command\":\"echo hi\"} round trips, concurrency 1 and 16",
             run: exec_echo,
+        },
+        Case {
+            name: "runtime/exec-floor",
+            about: "POST /execute {\"command\":\"true\"} against spawning `true` from the bench, interleaved, c1 and c16",
+            run: exec_floor,
+        },
+        Case {
+            name: "runtime/exists-c16",
+            about: "GET /exists/x (no process) throughput over 16 keep-alive connections",
+            run: exists_c16,
         },
         Case {
             name: "runtime/idle-rss",
@@ -228,6 +239,266 @@ fn exec_echo(root: &Path, options: Options) -> Result<Vec<Row>> {
         );
     }
     Ok(rows)
+}
+
+/// A keep-alive HTTP/1.1 connection with blocking std sockets and a request prepared as bytes:
+/// the cheapest client there is, so that what it costs stays out of the runtime's figures.
+struct RawClient {
+    stream: TcpStream,
+    buffer: Vec<u8>,
+}
+
+impl RawClient {
+    fn connect(addr: SocketAddr) -> Result<Self> {
+        let stream = TcpStream::connect(addr)?;
+        stream.set_nodelay(true)?;
+        Ok(Self {
+            stream,
+            buffer: Vec::with_capacity(4096),
+        })
+    }
+
+    /// Sends `request` and reads the whole answer (its `Content-Length` body); `Err` unless 200.
+    fn call(&mut self, request: &[u8]) -> Result<()> {
+        self.stream.write_all(request)?;
+        self.buffer.clear();
+        let mut chunk = [0u8; 4096];
+        let (head_end, length) = loop {
+            let n = self.stream.read(&mut chunk)?;
+            if n == 0 {
+                bail!("the runtime closed the connection");
+            }
+            self.buffer.extend_from_slice(&chunk[..n]);
+            if let Some(end) = self.buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+                break (end + 4, content_length(&self.buffer[..end])?);
+            }
+        };
+        while self.buffer.len() < head_end + length {
+            let n = self.stream.read(&mut chunk)?;
+            if n == 0 {
+                bail!("the runtime closed the connection mid-answer");
+            }
+            self.buffer.extend_from_slice(&chunk[..n]);
+        }
+        if !self.buffer.starts_with(b"HTTP/1.1 200") {
+            bail!(
+                "unexpected answer: {}",
+                String::from_utf8_lossy(&self.buffer)
+            );
+        }
+        Ok(())
+    }
+}
+
+fn content_length(head: &[u8]) -> Result<usize> {
+    let head = std::str::from_utf8(head)?;
+    head.split("\r\n")
+        .find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            name.eq_ignore_ascii_case("content-length")
+                .then(|| value.trim().parse().ok())
+                .flatten()
+        })
+        .context("an answer without Content-Length")
+}
+
+/// `POST /execute {"command":"true"}` as bytes.
+fn execute_true() -> Vec<u8> {
+    let body = br#"{"command":"true"}"#;
+    let mut request = format!(
+        "POST /execute HTTP/1.1\r\nhost: sandbox\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    request.extend_from_slice(body);
+    request
+}
+
+/// The floor of one `/execute {"command":"true"}`: what the runtime does for it minus HTTP and
+/// the runtime itself, done by the bench process. `true` is looked up in `PATH` (the runtime's
+/// environment is the bench's), standard input is `/dev/null`, standard output and error are
+/// pipes read to their end, and the exit status is reaped; std spawns it with `posix_spawn`.
+fn floor_once() -> Result<()> {
+    let output = Command::new("true")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()?;
+    if !output.status.success() {
+        bail!("`true` failed: {:?}", output.status);
+    }
+    Ok(())
+}
+
+/// Median and spread (lowest and highest) of per-block figures.
+fn spread(mut values: Vec<f64>) -> (f64, f64, f64) {
+    values.sort_by(f64::total_cmp);
+    let median = values.get(values.len() / 2).copied().unwrap_or(0.0);
+    let low = values.first().copied().unwrap_or(0.0);
+    let high = values.last().copied().unwrap_or(0.0);
+    (median, low, high)
+}
+
+/// `per_thread` calls of `call` on each of `threads` threads at once; calls per second.
+fn throughput<C: Send + 'static>(
+    threads: usize,
+    per_thread: usize,
+    make: impl Fn() -> Result<C>,
+    call: fn(&mut C) -> Result<()>,
+) -> Result<f64> {
+    let mut states = Vec::with_capacity(threads);
+    for _ in 0..threads {
+        states.push(make()?);
+    }
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(threads + 1));
+    let workers: Vec<_> = states
+        .into_iter()
+        .map(|mut state| {
+            let barrier = std::sync::Arc::clone(&barrier);
+            std::thread::spawn(move || -> Result<()> {
+                barrier.wait();
+                for _ in 0..per_thread {
+                    call(&mut state)?;
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    barrier.wait();
+    let start = Instant::now();
+    for worker in workers {
+        worker
+            .join()
+            .map_err(|_| anyhow::anyhow!("a load thread panicked"))??;
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let rate = (threads * per_thread) as f64 / start.elapsed().as_secs_f64().max(1e-9);
+    Ok(rate)
+}
+
+fn exec_floor(root: &Path, options: Options) -> Result<Vec<Row>> {
+    let server = Runtime::start(root, "floor")?;
+    let request = execute_true();
+    let mut client = RawClient::connect(server.addr)?;
+    // Warm up both paths (page cache, connection, allocator).
+    for _ in 0..50 {
+        floor_once()?;
+        client.call(&request)?;
+    }
+    // Concurrency 1: one floor spawn and one request in turn, so that both see the same load
+    // on a shared machine; the overhead is measured per block and reported with its spread.
+    let blocks = if options.quick { 2 } else { 7 };
+    let per_block = options.iterations(400);
+    let (mut floor, mut ours) = (Samples::default(), Samples::default());
+    let mut overheads = Vec::with_capacity(blocks);
+    for _ in 0..blocks {
+        let (mut block_floor, mut block_ours) = (Samples::default(), Samples::default());
+        for _ in 0..per_block {
+            let start = Instant::now();
+            floor_once()?;
+            let elapsed = start.elapsed();
+            block_floor.push(elapsed);
+            floor.push(elapsed);
+            let start = Instant::now();
+            client.call(&request)?;
+            let elapsed = start.elapsed();
+            block_ours.push(elapsed);
+            ours.push(elapsed);
+        }
+        overheads.push(
+            block_ours.median().as_secs_f64() * 1e3 - block_floor.median().as_secs_f64() * 1e3,
+        );
+    }
+    drop(client);
+    let (overhead, low, high) = spread(overheads);
+    let floor_median = floor.median();
+    let mut rows = vec![
+        Row::new("runtime/exec-floor-c1")
+            .median(format_duration(floor_median))
+            .p99(format_duration(floor.p99()))
+            .notes(format!(
+                "{} x spawn `true` from the bench (PATH lookup, stdin /dev/null, stdout+stderr piped and read to the end, reaped; std's posix_spawn): the floor of the next row",
+                floor.len()
+            )),
+        Row::new("runtime/exec-true-c1")
+            .median(format_duration(ours.median()))
+            .p99(format_duration(ours.p99()))
+            .notes(format!(
+                "{} x POST /execute {{\"command\":\"true\"}}, 1 keep-alive connection, interleaved with the floor; over the floor: median {overhead:.3} ms (blocks of {per_block}: {low:.3} to {high:.3}); target <= 0.25 ms",
+                ours.len()
+            )),
+    ];
+
+    // Concurrency 16: floor and runtime in alternating blocks, throughput ratio per pair.
+    let concurrency = 16;
+    let per_thread = options.iterations(60);
+    let pairs = if options.quick { 2 } else { 5 };
+    let (mut floor_rates, mut our_rates, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..pairs {
+        let floor_rate = throughput(concurrency, per_thread, || Ok(()), |()| floor_once())?;
+        let addr = server.addr;
+        let request = request.clone();
+        let our_rate = throughput(
+            concurrency,
+            per_thread,
+            move || Ok((RawClient::connect(addr)?, request.clone())),
+            |(client, request)| client.call(request),
+        )?;
+        ratios.push(our_rate / floor_rate * 100.0);
+        floor_rates.push(floor_rate);
+        our_rates.push(our_rate);
+    }
+    let (floor_rate, floor_low, floor_high) = spread(floor_rates);
+    let (our_rate, our_low, our_high) = spread(our_rates);
+    let (ratio, ratio_low, ratio_high) = spread(ratios);
+    let (_, hwm) = server.memory()?;
+    rows.push(
+        Row::new("runtime/exec-floor-c16")
+            .throughput(format!("{floor_rate:.0} spawns/s"))
+            .notes(format!(
+                "{concurrency} bench threads spawning `true` as in runtime/exec-floor-c1, {pairs} blocks of {} (from {floor_low:.0} to {floor_high:.0}/s)",
+                concurrency * per_thread
+            )),
+    );
+    rows.push(
+        Row::new("runtime/exec-true-c16")
+            .throughput(format!("{our_rate:.0} req/s"))
+            .peak_rss(mib(hwm))
+            .notes(format!(
+                "{concurrency} keep-alive connections, blocks alternating with the floor's (from {our_low:.0} to {our_high:.0}/s); {ratio:.0} % of the floor (blocks: {ratio_low:.0} to {ratio_high:.0} %); target >= 90 %"
+            )),
+    );
+    Ok(rows)
+}
+
+fn exists_c16(root: &Path, options: Options) -> Result<Vec<Row>> {
+    let server = Runtime::start(root, "exists")?;
+    let request = b"GET /exists/x HTTP/1.1\r\nhost: sandbox\r\n\r\n".to_vec();
+    let concurrency = 16;
+    let per_thread = options.iterations(2000);
+    let blocks = if options.quick { 2 } else { 5 };
+    let mut rates = Vec::with_capacity(blocks);
+    for _ in 0..blocks {
+        let addr = server.addr;
+        let request = request.clone();
+        rates.push(throughput(
+            concurrency,
+            per_thread,
+            move || Ok((RawClient::connect(addr)?, request.clone())),
+            |(client, request)| client.call(request),
+        )?);
+    }
+    let (rate, low, high) = spread(rates);
+    let (_, hwm) = server.memory()?;
+    Ok(vec![
+        Row::new("runtime/exists-c16")
+            .throughput(format!("{rate:.0} req/s"))
+            .peak_rss(mib(hwm))
+            .notes(format!(
+                "GET /exists/x (a stat, no process), {concurrency} keep-alive connections, median of {blocks} blocks of {} (from {low:.0} to {high:.0}/s); target >= 25000 req/s",
+                concurrency * per_thread
+            )),
+    ])
 }
 
 fn idle_rss(root: &Path, _: Options) -> Result<Vec<Row>> {
