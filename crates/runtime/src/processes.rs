@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 
 use agent_sandbox_api::runtime::v1::{ExitInfo, ProcessInfo, ProcessState, StreamKind};
 use bytes::Bytes;
-use tokio::process::ChildStdin;
+use tokio::net::unix::pipe::Sender as ChildStdin;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 

@@ -11,15 +11,18 @@
 //! channel of NDJSON events for `/v1/exec`, the bounded log of a background process.
 
 pub(crate) mod groups;
+mod launch;
 pub(crate) mod spawn;
 
 use std::future::Future;
+use std::io;
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 use std::time::Duration;
 
 use agent_sandbox_api::runtime::v1::{ExecEvent, ExitInfo, StreamKind};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
+use tokio::net::unix::pipe;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -234,14 +237,15 @@ pub(crate) async fn drive<S: Sink>(
 ) -> Outcome {
     let Spawned {
         mut child,
-        mut stdout,
-        mut stderr,
+        stdout,
+        stderr,
         stdin: stdin_pipe,
         group,
         ..
     } = spawned;
-    let mut out_buf = vec![0u8; READ_CHUNK];
-    let mut err_buf = vec![0u8; READ_CHUNK];
+    // One buffer for both pipes (a read waits for readiness, then takes what is there), its
+    // memory taken at the first output: most commands print little or nothing.
+    let mut buf: Vec<u8> = Vec::new();
     let mut open = [true, true];
     let mut kept = [0u64; 2];
     let mut truncated = [false, false];
@@ -287,27 +291,31 @@ pub(crate) async fn drive<S: Sink>(
                     break;
                 }
             }
-            read = stdout.read(&mut out_buf), if open[0] => {
-                let n = read.unwrap_or(0);
-                let delivery = deliver(
-                    sink, StreamKind::Stdout, &out_buf[..n], n, &mut kept[0], &mut truncated[0],
-                    limits.max_output_bytes, killed.is_none().then_some(deadline).flatten(), cancel,
-                ).await;
-                if n == 0 {
-                    open[0] = false;
+            ready = stdout.readable(), if open[0] => {
+                if let Some(n) = read_ready(ready, &stdout, &mut buf) {
+                    let delivery = deliver(
+                        sink, StreamKind::Stdout, &buf, n, &mut kept[0], &mut truncated[0],
+                        limits.max_output_bytes, killed.is_none().then_some(deadline).flatten(), cancel,
+                    ).await;
+                    buf.clear();
+                    if n == 0 {
+                        open[0] = false;
+                    }
+                    reason = delivery;
                 }
-                reason = delivery;
             }
-            read = stderr.read(&mut err_buf), if open[1] => {
-                let n = read.unwrap_or(0);
-                let delivery = deliver(
-                    sink, StreamKind::Stderr, &err_buf[..n], n, &mut kept[1], &mut truncated[1],
-                    limits.max_output_bytes, killed.is_none().then_some(deadline).flatten(), cancel,
-                ).await;
-                if n == 0 {
-                    open[1] = false;
+            ready = stderr.readable(), if open[1] => {
+                if let Some(n) = read_ready(ready, &stderr, &mut buf) {
+                    let delivery = deliver(
+                        sink, StreamKind::Stderr, &buf, n, &mut kept[1], &mut truncated[1],
+                        limits.max_output_bytes, killed.is_none().then_some(deadline).flatten(), cancel,
+                    ).await;
+                    buf.clear();
+                    if n == 0 {
+                        open[1] = false;
+                    }
+                    reason = delivery;
                 }
-                reason = delivery;
             }
             exit = child.wait(), if status.is_none() => {
                 status = exit.ok();
@@ -348,6 +356,20 @@ pub(crate) async fn drive<S: Sink>(
         stdout_truncated: truncated[0],
         stderr_truncated: truncated[1],
         duration: started.elapsed(),
+    }
+}
+
+/// Reads what a pipe that was reported ready holds into `buf` (empty): `Some(0)` at its end (or
+/// on an error, which ends it too), `None` when the readiness was spurious.
+fn read_ready(ready: io::Result<()>, pipe: &pipe::Receiver, buf: &mut Vec<u8>) -> Option<usize> {
+    if ready.is_err() {
+        return Some(0);
+    }
+    buf.reserve(READ_CHUNK);
+    match pipe.try_read_buf(buf) {
+        Ok(n) => Some(n),
+        Err(error) if error.kind() == io::ErrorKind::WouldBlock => None,
+        Err(_) => Some(0),
     }
 }
 

@@ -1,19 +1,20 @@
-//! Starting a child: its own session and process group, a parent-death signal, piped output,
-//! kill-on-drop, and optional hardening. This is the crate's only `unsafe`: the `pre_exec` hook.
+//! Starting a command: its own session and process group, a parent-death signal, piped
+//! output and optional hardening ([`super::launch`] does the starting and gives the [`Child`]
+//! the driver waits on).
 //!
-//! The parent-death signal is tied to the *thread* that forks, so children must be spawned from
-//! a long-lived thread: a tokio worker (any `async` context), never a `spawn_blocking` thread,
-//! which exits when idle and would take its children with it.
+//! The parent-death signal is tied to the *thread* that starts the child, so children must be
+//! spawned from a long-lived thread: a tokio worker (any `async` context), never a
+//! `spawn_blocking` thread, which exits when idle and would take its children with it.
 
 use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::PathBuf;
-use std::process::Stdio;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
-use rustix::process::Signal;
-use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout};
+use tokio::net::unix::pipe;
 
 use super::groups::{GroupGuard, Groups};
+use super::launch::{Child, Plan, launch};
 use crate::harden::Hardening;
 
 /// What to run.
@@ -34,92 +35,74 @@ pub(crate) struct CommandSpec {
 pub(crate) struct Spawned {
     pub(crate) child: Child,
     pub(crate) pid: u32,
-    pub(crate) stdout: ChildStdout,
-    pub(crate) stderr: ChildStderr,
-    pub(crate) stdin: Option<ChildStdin>,
+    pub(crate) stdout: pipe::Receiver,
+    pub(crate) stderr: pipe::Receiver,
+    pub(crate) stdin: Option<pipe::Sender>,
     pub(crate) group: GroupGuard,
 }
 
-/// Starts `spec`. Errors are those of `execve` (not found, not executable) or of the hook.
-#[allow(unsafe_code)]
+/// Starts `spec`. Errors are those of `execve` (not found, not executable), of a setup step in
+/// the child, or of making the pipes.
 pub(crate) fn spawn(
     spec: &CommandSpec,
     groups: &Arc<Groups>,
     hardening: Option<&Hardening>,
 ) -> io::Result<Spawned> {
-    let (program, args) = spec
-        .argv
-        .split_first()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no command given"))?;
-    let mut command = tokio::process::Command::new(program);
-    command
-        .args(args)
-        .current_dir(&spec.cwd)
-        .envs(spec.env.iter().map(|(k, v)| (k, v)))
-        .stdin(if spec.stdin_piped {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-
-    let parent = rustix::process::getpid();
-    let no_new_privs = hardening.is_some();
-    let ruleset = hardening.and_then(Hardening::ruleset_fd);
-    // SAFETY: `pre_exec` runs the closure in the forked child before `execve`, where only
-    // async-signal-safe operations are allowed. The closure captures only `Copy` values and
-    // makes raw system calls (setsid, prctl, getppid, landlock_restrict_self) that neither
-    // allocate nor take locks; errors are built from raw errno values, which does not allocate
-    // either. The ruleset descriptor it uses is owned by `Hardening`, which outlives the call
-    // to `spawn` (the child has its own copy of the descriptor table).
-    unsafe {
-        command.pre_exec(move || {
-            // Own session and process group, so the whole tree can be signalled at once and no
-            // controlling terminal is shared with the runtime.
-            rustix::process::setsid()?;
-            // Die with the runtime even if it is SIGKILLed.
-            rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
-            // The runtime may have died between fork and prctl: then nobody would kill us.
-            if rustix::process::getppid() != Some(parent) {
-                return Err(io::Error::from_raw_os_error(libc::ESRCH));
-            }
-            if no_new_privs {
-                rustix::thread::set_no_new_privs(true)?;
-            }
-            if let Some(fd) = ruleset {
-                // landlock_restrict_self(2) takes a ruleset descriptor and flags, reads no
-                // memory of ours, and is async-signal-safe.
-                let rc = libc::syscall(libc::SYS_landlock_restrict_self, fd, 0u32);
-                if rc != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-            }
-            Ok(())
-        });
-    }
-
-    let mut child = command.spawn()?;
-    let pid = child
-        .id()
-        .ok_or_else(|| io::Error::other("the child was reaped before its pid was read"))?;
-    let pgid = i32::try_from(pid).map_err(|_| io::Error::other("pid out of range"))?;
+    let mut plan = Plan::new(&spec.argv, &spec.cwd, &spec.env)?;
+    let (stdout, stdout_child) = std::io::pipe()?;
+    let (stderr, stderr_child) = std::io::pipe()?;
+    let (stdin, stdin_child) = if spec.stdin_piped {
+        let (read, write) = std::io::pipe()?;
+        (Some(write), Some(read))
+    } else {
+        (None, None)
+    };
+    plan.stdio = [
+        match &stdin_child {
+            Some(read) => read.as_raw_fd(),
+            None => dev_null()?.as_raw_fd(),
+        },
+        stdout_child.as_raw_fd(),
+        stderr_child.as_raw_fd(),
+    ];
+    plan.no_new_privs = hardening.is_some();
+    plan.landlock = hardening.and_then(Hardening::ruleset_fd);
+    let launched = launch(&plan)?;
+    // The child has its copies; ours would keep its pipes from ever reaching end of file.
+    drop((stdin_child, stdout_child, stderr_child));
+    let pgid = launched.pid.as_raw_nonzero().get();
     groups.insert(pgid);
     let group = GroupGuard::new(pgid, Arc::clone(groups));
-    let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
-        // Unreachable with piped stdio; the guard kills the child.
-        return Err(io::Error::other("the child's output pipes are missing"));
-    };
-    let stdin = child.stdin.take();
+    // From here on an error drops `child` and `group`, which kill and reap the command.
+    let child = Child::new(launched)?;
     Ok(Spawned {
+        pid: pgid.unsigned_abs(),
+        stdout: pipe::Receiver::from_owned_fd_unchecked(nonblocking(stdout.into())?)?,
+        stderr: pipe::Receiver::from_owned_fd_unchecked(nonblocking(stderr.into())?)?,
+        stdin: stdin
+            .map(|write| pipe::Sender::from_owned_fd_unchecked(nonblocking(write.into())?))
+            .transpose()?,
         child,
-        pid,
-        stdout,
-        stderr,
-        stdin,
         group,
     })
+}
+
+/// `/dev/null`, opened once (close-on-exec), for the standard input of every command that gets
+/// none.
+fn dev_null() -> io::Result<&'static OwnedFd> {
+    static DEV_NULL: OnceLock<OwnedFd> = OnceLock::new();
+    if let Some(fd) = DEV_NULL.get() {
+        return Ok(fd);
+    }
+    let opened = OwnedFd::from(std::fs::File::open("/dev/null")?);
+    Ok(DEV_NULL.get_or_init(|| opened))
+}
+
+/// Our end of a pipe, made non-blocking for the reactor (the child's end stays blocking: the
+/// two ends are separate open files).
+fn nonblocking(fd: OwnedFd) -> io::Result<OwnedFd> {
+    rustix::fs::fcntl_setfl(&fd, rustix::fs::OFlags::NONBLOCK)?;
+    Ok(fd)
 }
 
 /// Exit code a shell would report for a command that could not be started: 127 when it was not
