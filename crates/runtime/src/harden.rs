@@ -3,8 +3,8 @@
 //! Reads and execution stay unrestricted. What the kernel offers is probed at startup and
 //! logged either way.
 //!
-//! The ruleset is built once here and applied in each child between `fork` and `exec` (see
-//! `exec::spawn`), so it covers every command whichever thread spawns it, and the server itself
+//! The ruleset is built once here and applied in each child between `clone` and `exec` (see
+//! `exec::launch`), so it covers every command whichever thread spawns it, and the server itself
 //! stays unrestricted.
 
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};

@@ -3,25 +3,32 @@
 //! reaped in the background when dropped first). This module holds the crate's `unsafe` code.
 //!
 //! Why not `fork`: it copies the page tables of the whole multi-threaded runtime, and every page
-//! the runtime writes before the child has called `execve` faults and is copied. That cost about
-//! a fifth of a millisecond per command here, a third of what the runtime added to a command's
-//! own cost (`docs/benchmarks.md`, `runtime/exec-floor`). `clone(CLONE_VM | CLONE_VFORK)` copies
-//! nothing: the child runs in the parent's memory on a stack of its own, and the calling thread
-//! waits until the child has called `execve` (or exited). std takes that path (`posix_spawn`)
-//! only for commands without a `pre_exec` hook, and ours need steps no `posix_spawn` attribute
-//! offers: a session of their own (unstable in std), a parent-death signal, `no_new_privs` and a
-//! Landlock domain.
+//! the runtime writes before the child has called `execve` faults and is copied. With `fork`
+//! (std's `Command` with a `pre_exec` hook) the runtime added about 0.32 ms to a command's own
+//! cost and reached a third of the floor's throughput at 16 concurrent commands; with this
+//! module about 0.08 ms and nine tenths (`docs/benchmarks.md`, `runtime/exec-floor`).
+//! `clone(CLONE_VM | CLONE_VFORK)` copies nothing: the child runs in the parent's memory on a
+//! stack of its own, and the calling thread waits until the child has called `execve` (or
+//! exited). std takes that path (`posix_spawn`) only for commands without a `pre_exec` hook, and
+//! ours need steps no `posix_spawn` attribute offers: a parent-death signal, `no_new_privs` and a
+//! Landlock domain (and a session of their own, unstable in std). On x86_64 the child is made
+//! with `clone3` and `CLONE_CLEAR_SIGHAND`, so the kernel resets the signal handlers instead of
+//! sixty `sigaction` calls in the child (about 0.015 ms a command); where the kernel or a
+//! seccomp filter refuses `clone3`, glibc's `clone` is used from then on.
 //!
 //! The child shares the parent's memory, so it does only what glibc's own `posix_spawn` child
 //! does: system calls on data the parent prepared, and nothing that allocates, takes a lock,
-//! panics or unwinds. `PATH` is searched by the parent ahead of time (the candidates `execvp`
-//! would try, in its order, with its rules for `EACCES` and for a file without a `#!` line).
-//! The one thing the child writes is the `errno` of the step that failed, which the parent reads
-//! when `clone` returns. Descriptors other than the three streams are closed before `execve`.
-//! Signals: the parent blocks every signal around `clone`, so no handler
-//! of the runtime can run on the child's stack; the child resets every handled signal (and
-//! `SIGPIPE`, which Rust ignores) to its default and then restores the caller's mask for the
-//! program, as std does.
+//! panics or unwinds. The parent lists the paths `execvp` would try (`PATH` split, in its
+//! order); the child tries them with `execvp`'s rules for `EACCES` and for a file without a
+//! `#!` line. The child writes to the parent's memory only its own stack, the `errno` of the
+//! step that failed (read by the parent when `clone` returns; `errno` itself is the suspended
+//! parent thread's) and the script slot of the `/bin/sh` argument list. Descriptors other than
+//! the three streams are closed before `execve`, as with Python's `close_fds`. Signals: the
+//! parent blocks every signal around `clone`, so no handler of the runtime can run in the
+//! child; the child resets every handled signal (and `SIGPIPE`, which Rust ignores) to its
+//! default and then restores the caller's mask for the program, as std does.
+//!
+//! Needs Linux 5.2 (`CLONE_PIDFD`); `close_range` (5.9) is used where the kernel has it.
 
 // Every block below carries its own `// SAFETY:` comment.
 #![allow(unsafe_code)]
@@ -29,14 +36,14 @@
 use std::cell::RefCell;
 use std::ffi::{CStr, CString, OsStr, OsString, c_char, c_int, c_uint, c_ulong, c_void};
 use std::io;
-use std::os::fd::{AsFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::ExitStatus;
 use std::ptr;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
 use rustix::process::{Pid, Signal, WaitOptions};
 use tokio::io::Interest;
@@ -53,6 +60,16 @@ const STACK_BYTES: usize = 64 << 10;
 const SIGNALS: c_int = 64;
 /// The kernel's signal set is 64 bits, whatever the size of glibc's `sigset_t`.
 const KERNEL_SIGSET_BYTES: libc::c_long = 8;
+/// `prctl`'s arguments, as the `unsigned long`s it reads them as: a variadic call passes an
+/// `int` literal with undefined upper bits, and `PR_SET_NO_NEW_PRIVS` refuses non-zero ones.
+const SIGKILL: c_ulong = libc::SIGKILL as c_ulong;
+const ON: c_ulong = 1;
+const UNUSED: c_ulong = 0;
+/// The lowest descriptor above the three standard streams.
+const FIRST_STDIO_FREE: c_int = 3;
+/// `close_range`'s arguments: every descriptor above the three standard ones, no flags.
+const FIRST_OTHER_FD: c_uint = 3;
+const NO_FLAGS: c_uint = 0;
 
 /// What to start, prepared by the parent.
 #[derive(Debug)]
@@ -184,6 +201,7 @@ fn candidates(program: &str, path: Option<&OsStr>) -> io::Result<Vec<CString>> {
 }
 
 /// A started child: its pid and a pidfd to wait on (and to signal, without pid reuse races).
+/// Not reaped by itself: hand it to [`Child::new`] (or, in tests, wait for `pid`).
 #[derive(Debug)]
 pub(crate) struct Launched {
     pub(crate) pid: Pid,
@@ -285,6 +303,8 @@ struct Shared {
     landlock: c_int,
     /// The caller's signal mask, restored for the program.
     mask: libc::sigset_t,
+    /// The kernel has reset the handlers already (CLONE_CLEAR_SIGHAND).
+    handlers_cleared: bool,
     /// 0 until the child fails; then the `errno` of the failed step.
     error: AtomicI32,
 }
@@ -297,9 +317,51 @@ fn pointers(strings: &[CString]) -> Vec<*const c_char> {
         .collect()
 }
 
+/// How the child is created.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    /// `clone3` with CLONE_CLEAR_SIGHAND: the kernel resets the handlers, in one step with the
+    /// creation (x86_64, Linux 5.5). Saves the child some sixty `sigaction` calls.
+    Clone3,
+    /// glibc's `clone`: the child resets the handlers itself, one `sigaction` per signal.
+    Clone,
+}
+
+/// Whether `clone3` is worth trying: until the kernel (or a seccomp filter, as container
+/// runtimes' older default profiles have) refuses it once.
+static CLONE3_WORKS: AtomicBool = AtomicBool::new(cfg!(target_arch = "x86_64"));
+
+/// Why [`launch_via`] failed.
+#[derive(Debug)]
+enum Failed {
+    /// Creating the child failed.
+    Clone(io::Error),
+    /// A step of the child failed (it is reaped).
+    Child(io::Error),
+}
+
 /// Starts `plan`. Errors are `clone`'s, or the `errno` of the child's step that failed (the
 /// child is then reaped).
 pub(crate) fn launch(plan: &Plan) -> io::Result<Launched> {
+    if CLONE3_WORKS.load(Ordering::Relaxed) {
+        match launch_via(plan, Via::Clone3) {
+            Ok(launched) => return Ok(launched),
+            Err(Failed::Child(error)) => return Err(error),
+            Err(Failed::Clone(error))
+                if matches!(
+                    error.raw_os_error(),
+                    Some(libc::ENOSYS | libc::EINVAL | libc::EPERM)
+                ) =>
+            {
+                CLONE3_WORKS.store(false, Ordering::Relaxed);
+            }
+            Err(Failed::Clone(error)) => return Err(error),
+        }
+    }
+    launch_via(plan, Via::Clone).map_err(|(Failed::Clone(error) | Failed::Child(error))| error)
+}
+
+fn launch_via(plan: &Plan, via: Via) -> Result<Launched, Failed> {
     let candidates = pointers(&plan.candidates);
     let argv = pointers(&plan.argv);
     let envp: Vec<*const c_char> = plan
@@ -326,6 +388,7 @@ pub(crate) fn launch(plan: &Plan) -> io::Result<Launched> {
         landlock: plan.landlock.unwrap_or(-1),
         // SAFETY: `sigset_t` is plain data; an all-zero set is valid (and overwritten below).
         mask: unsafe { std::mem::zeroed() },
+        handlers_cleared: via == Via::Clone3,
         error: AtomicI32::new(0),
     };
     // SAFETY: as above; every bit set blocks every signal.
@@ -351,8 +414,11 @@ pub(crate) fn launch(plan: &Plan) -> io::Result<Launched> {
         )
     };
     if blocked != 0 {
-        return Err(io::Error::last_os_error());
+        return Err(Failed::Clone(io::Error::last_os_error()));
     }
+    // CLONE_PIDFD: the kernel stores a pidfd (close-on-exec) for the child here, so there is
+    // no window in which the child exists without one.
+    let mut pidfd: c_int = -1;
     let cloned = with_stack(|top| {
         // SAFETY: the child runs `child` on the stack ending at `top` (mapped, writable, used by
         // nobody else: this thread's, and this thread waits) with a pointer to `shared`.
@@ -360,16 +426,51 @@ pub(crate) fn launch(plan: &Plan) -> io::Result<Launched> {
         // `shared` and the buffers it points into (`candidates`, `argv`, `shell_argv`, `envp`,
         // `plan`) outlive every use the child makes of them, and this thread touches none of
         // them meanwhile. The child only makes system calls on that data (see `child`); the
-        // other threads of the runtime never see it.
-        let pid = unsafe {
-            libc::clone(
-                child,
-                top,
-                libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
-                ptr::from_mut(&mut shared).cast::<c_void>(),
-            )
-        };
-        (pid, io::Error::last_os_error())
+        // other threads of the runtime never see it. Without CLONE_FILES, CLONE_FS and
+        // CLONE_SIGHAND the child's descriptors, working directory and signal handlers are
+        // copies, so its changes to them stay its own. The kernel writes the pidfd into
+        // `pidfd` before the call returns.
+        let arg = ptr::from_mut(&mut shared).cast::<c_void>();
+        let flags = libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD;
+        match via {
+            Via::Clone3 => {
+                let mut args = CloneArgs {
+                    #[allow(clippy::cast_sign_loss)]
+                    flags: flags as u64 | CLONE_CLEAR_SIGHAND,
+                    pidfd: ptr::from_mut(&mut pidfd).addr() as u64,
+                    exit_signal: libc::SIGCHLD as u64,
+                    stack: top.cast::<u8>().wrapping_sub(STACK_BYTES).addr() as u64,
+                    stack_size: STACK_BYTES as u64,
+                    ..CloneArgs::default()
+                };
+                // SAFETY: as above; `args` describes that same stack (its usable part, below
+                // `top`) and lives until the call returns.
+                let result = unsafe { clone3(&mut args, child, arg) };
+                if result < 0 {
+                    let errno = i32::try_from(-result).unwrap_or(libc::EINVAL);
+                    (-1, io::Error::from_raw_os_error(errno))
+                } else {
+                    (
+                        i32::try_from(result).unwrap_or(-1),
+                        io::Error::from_raw_os_error(0),
+                    )
+                }
+            }
+            Via::Clone => {
+                // SAFETY: as above. CLONE_PIDFD makes glibc's `clone` take the `parent_tid`
+                // argument as where to store the pidfd.
+                let pid = unsafe {
+                    libc::clone(
+                        child,
+                        top,
+                        flags | libc::SIGCHLD,
+                        arg,
+                        ptr::from_mut(&mut pidfd),
+                    )
+                };
+                (pid, io::Error::last_os_error())
+            }
+        }
     });
     // SAFETY: restores the mask saved above; `shared.mask` is ours again (the child is gone
     // from this memory).
@@ -382,26 +483,98 @@ pub(crate) fn launch(plan: &Plan) -> io::Result<Launched> {
             KERNEL_SIGSET_BYTES,
         );
     }
-    let (pid, clone_error) = cloned?;
-    let Some(pid) = rustix::process::Pid::from_raw(pid) else {
-        return Err(clone_error);
+    let (pid, clone_error) = cloned.map_err(Failed::Clone)?;
+    // `clone` failed (then no pidfd was made): before Linux 5.2 CLONE_PIDFD is EINVAL.
+    let Some(pid) = Pid::from_raw(pid) else {
+        return Err(Failed::Clone(clone_error));
     };
+    // SAFETY: with the child created, the kernel has stored a new descriptor, owned by nobody
+    // else, in `pidfd`.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
     let failed = shared.error.load(Ordering::Acquire);
     if failed != 0 {
-        // The child has exited (CLONE_VFORK returned without an execve): reap it.
-        let _ = rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty());
-        return Err(io::Error::from_raw_os_error(failed));
+        // The child has exited (CLONE_VFORK returned without an execve): reap it. Exited, not
+        // merely exiting: waiting takes a moment at most.
+        let _ = rustix::process::waitpid(Some(pid), WaitOptions::empty());
+        return Err(Failed::Child(io::Error::from_raw_os_error(failed)));
     }
-    match rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::NONBLOCK) {
-        Ok(pidfd) => Ok(Launched { pid, pidfd }),
-        Err(error) => {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-            let _ = rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty());
-            Err(io::Error::other(format!(
-                "pidfd_open failed (Linux 5.3 or newer is needed): {error}"
-            )))
-        }
+    Ok(Launched { pid, pidfd })
+}
+
+/// `clone3`'s arguments (`struct clone_args` up to `tls`: the kernel takes any size from this
+/// first version on).
+#[repr(C)]
+#[derive(Debug, Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+}
+
+/// The child starts with every handled signal at its default; ignored ones stay ignored.
+const CLONE_CLEAR_SIGHAND: u64 = 0x1_0000_0000;
+
+/// The `clone3` system call, running `child(arg)` in the child on the stack `args` names and
+/// exiting with what it returns (ours never returns). In the parent: the child's pid, or minus
+/// the `errno`. glibc has no wrapper that runs a function, hence the assembly.
+///
+/// # Safety
+/// `args` must describe a writable stack, 16-byte aligned at its top, that nothing else uses
+/// until the child has called `execve` or exited, and flags for which `child(arg)` is sound
+/// (here: [`launch_via`]'s).
+#[cfg(target_arch = "x86_64")]
+unsafe fn clone3(
+    args: &mut CloneArgs,
+    child: extern "C" fn(*mut c_void) -> c_int,
+    arg: *mut c_void,
+) -> libc::c_long {
+    let result: libc::c_long;
+    // SAFETY: the system call preserves every register but rax, rcx and r11. The parent goes
+    // on after the block (rax: pid or -errno). The child, with rsp at the top of its stack,
+    // never comes back into this function: it starts a fresh frame chain (rbp 0), calls
+    // `child(arg)` with the stack 16-byte aligned as the ABI wants, and exits with its result.
+    // Nothing is pushed on the parent's stack (`nostack`); the kernel writes the pidfd and the
+    // child writes `shared`, so memory is not declared untouched.
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            "test rax, rax",
+            "jnz 2f",
+            "xor ebp, ebp",
+            "mov rdi, r12",
+            "call r13",
+            "mov edi, eax",
+            "mov eax, {exit}",
+            "syscall",
+            "ud2",
+            "2:",
+            exit = const libc::SYS_exit,
+            inlateout("rax") libc::SYS_clone3 => result,
+            in("rdi") ptr::from_mut(args),
+            in("rsi") std::mem::size_of::<CloneArgs>(),
+            in("r12") arg,
+            in("r13") child,
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        );
     }
+    result
+}
+
+/// Elsewhere `clone3` is not tried ([`CLONE3_WORKS`] starts false).
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn clone3(
+    _: &mut CloneArgs,
+    _: extern "C" fn(*mut c_void) -> c_int,
+    _: *mut c_void,
+) -> libc::c_long {
+    -libc::c_long::from(libc::ENOSYS)
 }
 
 /// The child's stack: an anonymous mapping with a guard page at its low end.
@@ -483,11 +656,12 @@ impl Drop for Stack {
     }
 }
 
+/// The calling thread's `errno`. In the child that is the parent thread's (the child runs on its
+/// thread-local storage), which is suspended until the child has called `execve` or exited.
 fn errno() -> c_int {
-    // Reads errno; builds no allocation (an OS error is stored inline).
-    io::Error::last_os_error()
-        .raw_os_error()
-        .unwrap_or(libc::EINVAL)
+    // SAFETY: glibc's `__errno_location` returns the address of the calling thread's `errno`,
+    // valid for reading for as long as the thread lives.
+    unsafe { *libc::__errno_location() }
 }
 
 /// The child, in the parent's memory on its own stack: set up, then `execve`. Only returns by
@@ -516,7 +690,19 @@ unsafe fn set_up_and_exec(shared: &Shared) -> c_int {
     // SAFETY (the whole function): plain system calls on file descriptors and on the
     // NUL-terminated strings and NULL-terminated arrays the parent built; nothing allocates.
     unsafe {
-        for (target, fd) in (0..).zip(shared.stdio) {
+        // A descriptor below 3 that is not in its place yet would be overwritten by an earlier
+        // dup2 (possible only if the runtime ran with a standard stream closed): move it up
+        // first. The copy is close-on-exec, and closed below anyway.
+        let mut stdio = shared.stdio;
+        for (target, fd) in (0..).zip(stdio.iter_mut()) {
+            if (0..FIRST_STDIO_FREE).contains(fd) && *fd != target {
+                *fd = libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, FIRST_STDIO_FREE);
+                if *fd < 0 {
+                    return errno();
+                }
+            }
+        }
+        for (target, fd) in (0..).zip(stdio) {
             // dup2 onto itself would leave close-on-exec set.
             let ok = if fd == target {
                 libc::fcntl(fd, libc::F_SETFD, 0) == 0
@@ -536,14 +722,15 @@ unsafe fn set_up_and_exec(shared: &Shared) -> c_int {
             return errno();
         }
         // Die with the runtime even if it is SIGKILLed.
-        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as c_ulong, 0, 0, 0) != 0 {
+        if libc::prctl(libc::PR_SET_PDEATHSIG, SIGKILL, UNUSED, UNUSED, UNUSED) != 0 {
             return errno();
         }
         // The runtime may have died before the prctl: then nobody would kill us.
         if libc::getppid() != shared.parent {
             return libc::ESRCH;
         }
-        if shared.no_new_privs && libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1 as c_ulong, 0, 0, 0) != 0
+        if shared.no_new_privs
+            && libc::prctl(libc::PR_SET_NO_NEW_PRIVS, ON, UNUSED, UNUSED, UNUSED) != 0
         {
             return errno();
         }
@@ -555,33 +742,47 @@ unsafe fn set_up_and_exec(shared: &Shared) -> c_int {
         // Nothing but the three streams reaches the program, not even descriptors the runtime
         // inherited without close-on-exec (as Python's `close_fds`). Before Linux 5.9 this
         // fails, and close-on-exec alone applies.
-        libc::syscall(libc::SYS_close_range, 3 as c_uint, c_uint::MAX, 0 as c_uint);
-        reset_signals(&shared.mask);
+        libc::syscall(libc::SYS_close_range, FIRST_OTHER_FD, c_uint::MAX, NO_FLAGS);
+        reset_signals(&shared.mask, shared.handlers_cleared);
         exec(shared)
     }
 }
 
-/// Every handled signal (and `SIGPIPE`) back to its default, then the caller's mask. glibc's
-/// internal signals keep their handlers (glibc's `sigaction` refuses them); those handlers act
-/// only on signals the process sent itself, and the program's `execve` resets them.
+/// Every handled signal (and `SIGPIPE`) back to its default, then the caller's mask; other
+/// ignored signals stay ignored, as with std's `Command`. The child's table of handlers is its
+/// own (no `CLONE_SIGHAND`), so this does not touch the runtime's. glibc's internal signals
+/// keep their handlers (glibc's `sigaction` refuses them); glibc sends them only to threads of
+/// the runtime, never to this child, and the program's `execve` resets them.
 ///
 /// # Safety
 /// Only in the child of [`launch`].
-unsafe fn reset_signals(mask: &libc::sigset_t) {
+unsafe fn reset_signals(mask: &libc::sigset_t, handlers_cleared: bool) {
     // SAFETY: `sigaction` is plain data, valid all-zero; the calls read and write only these
-    // two values and the process's signal table.
+    // three values and the process's signal table.
     unsafe {
-        let mut current: libc::sigaction = std::mem::zeroed();
+        let mut previous: libc::sigaction = std::mem::zeroed();
         let mut default: libc::sigaction = std::mem::zeroed();
         default.sa_sigaction = libc::SIG_DFL;
-        for signal in 1..=SIGNALS {
-            if libc::sigaction(signal, ptr::null(), &mut current) != 0 {
+        let mut ignore: libc::sigaction = std::mem::zeroed();
+        ignore.sa_sigaction = libc::SIG_IGN;
+        // CLONE_CLEAR_SIGHAND has reset the handlers; only SIGPIPE is left to do.
+        let signals = if handlers_cleared {
+            libc::SIGPIPE..=libc::SIGPIPE
+        } else {
+            1..=SIGNALS
+        };
+        for signal in signals {
+            // Neither can have a handler (nor be set).
+            if signal == libc::SIGKILL || signal == libc::SIGSTOP {
                 continue;
             }
-            let handled =
-                current.sa_sigaction != libc::SIG_DFL && current.sa_sigaction != libc::SIG_IGN;
-            if handled || (signal == libc::SIGPIPE && current.sa_sigaction == libc::SIG_IGN) {
-                libc::sigaction(signal, &default, ptr::null_mut());
+            // One call per signal: set the default and learn what was there. Every signal is
+            // blocked, so none is delivered in between.
+            if libc::sigaction(signal, &default, &mut previous) != 0 {
+                continue;
+            }
+            if previous.sa_sigaction == libc::SIG_IGN && signal != libc::SIGPIPE {
+                libc::sigaction(signal, &ignore, ptr::null_mut());
             }
         }
         libc::syscall(
@@ -637,8 +838,8 @@ mod tests {
 
     use rustix::process::{Pid, WaitOptions, waitpid};
 
-    /// Starts `argv` with its standard streams on /dev/null.
-    fn start(argv: &[&str], cwd: &Path, env: &[(&str, &str)]) -> io::Result<Launched> {
+    /// The plan for `argv` with its standard streams on /dev/null (open while the file lives).
+    fn plan(argv: &[&str], cwd: &Path, env: &[(&str, &str)]) -> io::Result<(Plan, std::fs::File)> {
         let argv: Vec<String> = argv.iter().map(|s| (*s).to_owned()).collect();
         let env: Vec<(String, String)> = env
             .iter()
@@ -647,7 +848,29 @@ mod tests {
         let null = std::fs::File::open("/dev/null")?;
         let mut plan = Plan::new(&argv, cwd, &env)?;
         plan.stdio = [null.as_raw_fd(); 3];
+        Ok((plan, null))
+    }
+
+    /// Starts `argv` with its standard streams on /dev/null.
+    fn start(argv: &[&str], cwd: &Path, env: &[(&str, &str)]) -> io::Result<Launched> {
+        let (plan, _null) = plan(argv, cwd, env)?;
         launch(&plan)
+    }
+
+    /// Starts `argv` (standard streams on /dev/null) created the way `via` says.
+    fn start_via(via: Via, argv: &[&str]) -> Launched {
+        let (plan, _null) = plan(argv, &std::env::temp_dir(), &[]).unwrap();
+        launch_via(&plan, via).unwrap()
+    }
+
+    /// Waits until `pid` runs `comm` (it changes at `execve`), within a hang guard.
+    fn wait_for_exec(pid: Pid, comm: &str) {
+        let path = format!("/proc/{}/comm", pid.as_raw_nonzero());
+        let guard = Instant::now() + Duration::from_secs(10);
+        while std::fs::read_to_string(&path).unwrap().trim_end() != comm {
+            assert!(Instant::now() < guard, "{comm} did not start");
+            std::thread::yield_now();
+        }
     }
 
     /// Waits for `pid` (a child of this test) to end, within a hang guard.
@@ -680,24 +903,35 @@ mod tests {
         u64::from_str_radix(value, 16).unwrap()
     }
 
+    /// Through `launch`: with clone3 where the kernel allows it, else with the fallback.
     #[test]
     fn the_child_leads_its_own_session_with_clean_signals_and_only_its_stdio() {
-        let tmp = std::env::temp_dir();
-        let child = start(&["sleep", "30"], &tmp, &[]).unwrap();
+        a_clean_child(|| start(&["sleep", "30"], &std::env::temp_dir(), &[]).unwrap());
+    }
+
+    /// The fallback, which resets the handlers itself.
+    #[test]
+    fn so_does_a_child_created_with_clone() {
+        a_clean_child(|| start_via(Via::Clone, &["sleep", "30"]));
+    }
+
+    fn a_clean_child(start: impl FnOnce() -> Launched) {
+        // SAFETY: SIGWINCH's default is to be ignored: ignoring it changes nothing for the other
+        // tests of this process.
+        unsafe { libc::signal(libc::SIGWINCH, libc::SIG_IGN) };
+        let child = start();
         let pid = child.pid;
         let raw = pid.as_raw_nonzero().get().to_string();
-        // Wait for `sleep` itself (the comm changes at execve).
-        let guard = Instant::now() + Duration::from_secs(10);
-        while std::fs::read_to_string(format!("/proc/{raw}/comm")).unwrap() != "sleep\n" {
-            assert!(Instant::now() < guard, "sleep did not start");
-            std::thread::yield_now();
-        }
+        wait_for_exec(pid, "sleep");
         let fields = stat(pid);
         assert_eq!((&fields[2], &fields[3]), (&raw, &raw), "pgrp and session");
-        // This test process ignores SIGPIPE (Rust does); the program does not, and blocks
-        // nothing.
-        assert_eq!(status_field(pid, "SigIgn:") & (1 << (libc::SIGPIPE - 1)), 0);
+        // This test process ignores SIGPIPE (Rust does); the program does not, keeps the other
+        // ignored signal ignored (as std's Command does), and blocks nothing.
+        let ignored = status_field(pid, "SigIgn:");
+        assert_eq!(ignored & (1 << (libc::SIGPIPE - 1)), 0);
+        assert_ne!(ignored & (1 << (libc::SIGWINCH - 1)), 0);
         assert_eq!(status_field(pid, "SigBlk:"), 0);
+        assert_eq!(status_field(pid, "NoNewPrivs:"), 0);
         let mut fds: Vec<String> = std::fs::read_dir(format!("/proc/{raw}/fd"))
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
@@ -757,6 +991,60 @@ mod tests {
             .join()
             .unwrap();
         assert_eq!(wait(launched.pid).terminating_signal(), Some(libc::SIGKILL));
+    }
+
+    /// Dropped before it was waited for, a child is killed and reaped (by a task of the
+    /// runtime), leaving no zombie.
+    #[tokio::test]
+    async fn a_dropped_child_is_killed_and_reaped() {
+        use rustix::process::{WaitId, WaitIdOptions};
+        let launched = start(&["sleep", "30"], &std::env::temp_dir(), &[]).unwrap();
+        let watch = launched.pidfd.try_clone().unwrap();
+        drop(Child::new(launched).unwrap());
+        let options = WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT;
+        let guard = Instant::now() + Duration::from_secs(10);
+        // Once it is reaped, waiting through the pidfd finds no child any more.
+        while rustix::process::waitid(WaitId::PidFd(watch.as_fd()), options).err()
+            != Some(rustix::io::Errno::CHILD)
+        {
+            assert!(Instant::now() < guard, "the dropped child was not reaped");
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[test]
+    fn no_new_privs_when_asked() {
+        let (mut plan, _null) = plan(&["sleep", "30"], &std::env::temp_dir(), &[]).unwrap();
+        plan.no_new_privs = true;
+        let child = launch(&plan).unwrap();
+        wait_for_exec(child.pid, "sleep");
+        assert_eq!(status_field(child.pid, "NoNewPrivs:"), 1);
+        rustix::process::pidfd_send_signal(&child.pidfd, rustix::process::Signal::KILL).unwrap();
+        assert_eq!(wait(child.pid).terminating_signal(), Some(libc::SIGKILL));
+    }
+
+    /// A standard descriptor of the runtime given as another stream of the child reaches the
+    /// child, even when an earlier stream is set up over it. Here the test's own standard input
+    /// becomes the child's standard error, while its standard input is a file: set up in order
+    /// without care, both would be that file.
+    #[test]
+    fn a_low_descriptor_is_not_overwritten_by_an_earlier_stream() {
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("input");
+        std::fs::write(&input, "").unwrap();
+        let input = std::fs::File::open(&input).unwrap();
+        let (read, write) = std::io::pipe().unwrap();
+        let argv = ["readlink".to_owned(), "/proc/self/fd/2".to_owned()];
+        let mut plan = Plan::new(&argv, dir.path(), &[]).unwrap();
+        plan.stdio = [input.as_raw_fd(), write.as_raw_fd(), 0];
+        let child = launch(&plan).unwrap();
+        drop(write);
+        let mut out = String::new();
+        std::io::Read::read_to_string(&mut std::fs::File::from(OwnedFd::from(read)), &mut out)
+            .unwrap();
+        assert_eq!(wait(child.pid).exit_status(), Some(0));
+        let ours = std::fs::read_link("/proc/self/fd/0").unwrap();
+        assert_eq!(out.trim_end(), ours.to_str().unwrap());
     }
 
     #[test]

@@ -348,7 +348,8 @@ pub(crate) async fn drive<S: Sink>(
     if status.is_some() {
         group.finish();
     }
-    // else: the guard kills the group on drop and tokio reaps the leader in the background.
+    // else: the guard kills the group on drop, and the `Child` kills the leader and reaps it in
+    // the background.
     Outcome {
         status,
         timed_out: killed == Some(Kill::TimedOut),
