@@ -429,13 +429,19 @@ fn exec_floor(root: &Path, options: Options) -> Result<Vec<Row>> {
             )),
     ];
 
-    // Concurrency 16: floor and runtime in alternating blocks, throughput ratio per pair.
+    // Concurrency 16: floor and runtime in alternating blocks, throughput ratio per pair. The
+    // CPU time both sides spend is counted too: on a shared machine the throughput also depends
+    // on the share of the cores each side gets, the CPU time per call does not.
     let concurrency = 16;
     let per_thread = options.iterations(60);
-    let pairs = if options.quick { 2 } else { 5 };
+    let pairs = if options.quick { 2 } else { 7 };
     let (mut floor_rates, mut our_rates, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut floor_cpu, mut our_cpu) = (FloorCpu::default(), OurCpu::default());
+    let server_pid = server.child.id().to_string();
     for _ in 0..pairs {
+        let bench_before = CpuTicks::of("self")?;
         let floor_rate = throughput(concurrency, per_thread, || Ok(()), |()| floor_once())?;
+        let (bench_between, server_before) = (CpuTicks::of("self")?, CpuTicks::of(&server_pid)?);
         let addr = server.addr;
         let request = request.clone();
         let our_rate = throughput(
@@ -444,10 +450,20 @@ fn exec_floor(root: &Path, options: Options) -> Result<Vec<Row>> {
             move || Ok((RawClient::connect(addr)?, request.clone())),
             |(client, request)| client.call(request),
         )?;
+        let (bench_after, server_after) = (CpuTicks::of("self")?, CpuTicks::of(&server_pid)?);
+        floor_cpu.spawner += bench_between.own - bench_before.own;
+        floor_cpu.children += bench_between.children - bench_before.children;
+        our_cpu.client += bench_after.own - bench_between.own;
+        our_cpu.runtime += server_after.own - server_before.own;
+        our_cpu.children += server_after.children - server_before.children;
         ratios.push(our_rate / floor_rate * 100.0);
         floor_rates.push(floor_rate);
         our_rates.push(our_rate);
     }
+    let calls = pairs * concurrency * per_thread;
+    let per_call = |ticks: u64| CpuTicks::micros(ticks, calls);
+    let floor_total = per_call(floor_cpu.spawner + floor_cpu.children);
+    let our_total = per_call(our_cpu.client + our_cpu.runtime + our_cpu.children);
     let (floor_rate, floor_low, floor_high) = spread(floor_rates);
     let (our_rate, our_low, our_high) = spread(our_rates);
     let (ratio, ratio_low, ratio_high) = spread(ratios);
@@ -456,8 +472,10 @@ fn exec_floor(root: &Path, options: Options) -> Result<Vec<Row>> {
         Row::new("runtime/exec-floor-c16")
             .throughput(format!("{floor_rate:.0} spawns/s"))
             .notes(format!(
-                "{concurrency} bench threads spawning `true` as in runtime/exec-floor-c1, {pairs} blocks of {} (from {floor_low:.0} to {floor_high:.0}/s)",
-                concurrency * per_thread
+                "{concurrency} bench threads spawning `true` as in runtime/exec-floor-c1, {pairs} blocks of {} (from {floor_low:.0} to {floor_high:.0}/s); CPU per spawn {floor_total:.0} µs (spawning threads {:.0}, the children {:.0})",
+                concurrency * per_thread,
+                per_call(floor_cpu.spawner),
+                per_call(floor_cpu.children),
             )),
     );
     rows.push(
@@ -465,10 +483,69 @@ fn exec_floor(root: &Path, options: Options) -> Result<Vec<Row>> {
             .throughput(format!("{our_rate:.0} req/s"))
             .peak_rss(mib(hwm))
             .notes(format!(
-                "{concurrency} keep-alive connections, blocks alternating with the floor's (from {our_low:.0} to {our_high:.0}/s); {ratio:.0} % of the floor (blocks: {ratio_low:.0} to {ratio_high:.0} %); target >= 90 %"
+                "{concurrency} keep-alive connections, blocks alternating with the floor's (from {our_low:.0} to {our_high:.0}/s); {ratio:.0} % of the floor (blocks: {ratio_low:.0} to {ratio_high:.0} %); target >= 90 %; CPU per request {our_total:.0} µs (client {:.0}, runtime {:.0}, its children {:.0}): the floor's is {:.0} % of it",
+                per_call(our_cpu.client),
+                per_call(our_cpu.runtime),
+                per_call(our_cpu.children),
+                floor_total / our_total.max(1e-9) * 100.0,
             )),
     );
     Ok(rows)
+}
+
+/// CPU time of a process from `/proc/<pid>/stat`, in clock ticks (1/100 s: Linux's `USER_HZ`,
+/// which `/proc` always uses): of its own threads, and of its children it has waited for.
+#[derive(Debug, Clone, Copy)]
+struct CpuTicks {
+    own: u64,
+    children: u64,
+}
+
+impl CpuTicks {
+    /// `pid` is a number or `self`.
+    fn of(pid: &str) -> Result<Self> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+        let (_, rest) = stat
+            .rsplit_once(") ")
+            .context("no command name in /proc stat")?;
+        // After the command name: state (field 3) ... utime (14), stime, cutime, cstime (17).
+        let fields: Vec<u64> = rest
+            .split_whitespace()
+            .skip(11)
+            .take(4)
+            .map(str::parse)
+            .collect::<Result<_, _>>()?;
+        let [utime, stime, cutime, cstime] = fields[..] else {
+            bail!("a short /proc/{pid}/stat");
+        };
+        Ok(Self {
+            own: utime + stime,
+            children: cutime + cstime,
+        })
+    }
+
+    /// `ticks` spread over `calls`, in microseconds.
+    fn micros(ticks: u64, calls: usize) -> f64 {
+        #[allow(clippy::cast_precision_loss)]
+        let per_call = ticks as f64 * 10_000.0 / calls.max(1) as f64;
+        per_call
+    }
+}
+
+/// CPU ticks of the floor's blocks: the bench threads that spawn, and the spawned children.
+#[derive(Debug, Default)]
+struct FloorCpu {
+    spawner: u64,
+    children: u64,
+}
+
+/// CPU ticks of the runtime's blocks: the bench's client threads, the runtime's threads and the
+/// commands it ran.
+#[derive(Debug, Default)]
+struct OurCpu {
+    client: u64,
+    runtime: u64,
+    children: u64,
 }
 
 fn exists_c16(root: &Path, options: Options) -> Result<Vec<Row>> {
