@@ -457,3 +457,18 @@ async fn local_mode_runs_the_conversation() {
         results[1]
     );
 }
+
+/// `sandbox-agent __runtime` (what its local pods run) refuses a bad flag as `sandbox-runtime`
+/// does: one line naming the flag, exit status 2, no backtrace even with `RUST_BACKTRACE=1`
+/// (issue 15, item 13).
+#[test]
+fn the_runtime_subcommand_refuses_a_bad_flag_in_one_line() {
+    let output = Command::new(env!("CARGO_BIN_EXE_sandbox-agent"))
+        .args(["__runtime", "--max-output-bytes", "lots"])
+        .env("RUST_BACKTRACE", "1")
+        .env("SANDBOX_LISTEN", "127.0.0.1:0")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    testkit::assert_configuration_error(&output, "--max-output-bytes");
+}

@@ -719,3 +719,54 @@ async fn a_scoped_router_is_reached_with_the_signing_key_alone() {
     ok(&output(command).await);
     cluster.stop().await;
 }
+
+/// The hidden runtime subcommand that local pods run reports a configuration error as the
+/// `sandbox-runtime` binary does: one line naming the flag, exit status 2, no backtrace even
+/// with `RUST_BACKTRACE=1` (issue 15, item 13).
+#[test]
+fn the_runtime_subcommand_reports_configuration_errors_in_one_line() {
+    let scratch = tempfile::tempdir().unwrap();
+    let file = scratch.path().join("a-file");
+    std::fs::write(&file, b"not a directory").unwrap();
+    // A port this test holds, so that binding it fails.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let cases = [
+        (
+            "base dir that cannot be created",
+            ("SANDBOX_BASE_DIR", file.join("sub").display().to_string()),
+            "--base-dir",
+        ),
+        (
+            "listen address in use",
+            ("SANDBOX_LISTEN", taken.local_addr().unwrap().to_string()),
+            "--listen",
+        ),
+    ];
+    for (what, (name, value), flag) in cases {
+        let mut child = Command::new(BIN)
+            .arg("__runtime")
+            .env("RUST_BACKTRACE", "1")
+            .env("RUST_LIB_BACKTRACE", "1")
+            .env("SANDBOX_LISTEN", "127.0.0.1:0")
+            .env("SANDBOX_BASE_DIR", scratch.path().join("base"))
+            .env(name, &value)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while child.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > deadline {
+                child.kill().unwrap();
+                child.wait().unwrap();
+                panic!("{what}: still running after 30 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let output = child.wait_with_output().unwrap();
+        let line = testkit::one_error_line(&output, 2);
+        assert!(line.contains(flag), "{what}: {line}");
+    }
+    drop(taken);
+}

@@ -35,10 +35,30 @@ struct RuntimeCli {
 }
 
 /// Parses the runtime's flags from `argv` (the program name first, then the subcommand, then
-/// the flags) and serves; see [`main`]. Flag errors exit as clap's do (usage, exit 2).
+/// the flags) and serves; see [`main`]. A flag error is one line and exit status 2, as every
+/// other configuration error.
 pub fn main_from_args(argv: impl IntoIterator<Item = OsString>) -> ExitCode {
+    let argv: Vec<OsString> = argv.into_iter().collect();
+    let program = argv
+        .first()
+        .map(|path| std::path::Path::new(path).file_name().unwrap_or(path))
+        .map_or_else(String::new, |name| name.to_string_lossy().into_owned());
     // The subcommand stands as the program name, so the runtime's flags parse as they are.
-    let cli = RuntimeCli::parse_from(argv.into_iter().skip(1));
+    let cli = match RuntimeCli::try_parse_from(argv.into_iter().skip(1)) {
+        Ok(cli) => cli,
+        // --help prints to stdout and exits 0.
+        Err(error) if !error.use_stderr() => error.exit(),
+        Err(error) => {
+            eprintln!(
+                "{}",
+                exit::usage_line(
+                    &error.to_string(),
+                    &format!("{program} {RUNTIME_SUBCOMMAND}")
+                )
+            );
+            return ExitCode::from(exit::CONFIGURATION);
+        }
+    };
     main(cli.args)
 }
 
@@ -50,7 +70,7 @@ pub fn main(args: Args) -> ExitCode {
     match serve(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("sandbox runtime: {}", exit::error_line(&error));
+            eprintln!("error: sandbox runtime: {}", exit::error_line(&error));
             if error.is_configuration() {
                 ExitCode::from(exit::CONFIGURATION)
             } else {
