@@ -798,6 +798,23 @@ impl ApiObjects {
         options: &WriteOptions,
         applied_managed: Option<Vec<apply::ManagedEntry>>,
     ) -> ApiResult<(Decision, Vec<String>)> {
+        // As the real API server's metadata validation: a write naming another uid is for an
+        // object that no longer exists (a kubelet's status patch for a pod recreated under the
+        // same name, say), not for this one.
+        let sent_uid = meta::uid(&desired);
+        if !sent_uid.is_empty() && sent_uid != meta::uid(current) {
+            return Err(ApiError::invalid(
+                &info.group,
+                &info.kind,
+                &info.plural,
+                meta::name(current),
+                vec![Cause {
+                    reason: "FieldValueInvalid",
+                    message: format!("Invalid value: \"{sent_uid}\": field is immutable"),
+                    field: "metadata.uid".to_owned(),
+                }],
+            ));
+        }
         let mut desired = match subresource {
             Subresource::Status => {
                 let mut object = current.clone();
