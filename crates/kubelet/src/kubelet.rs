@@ -1,171 +1,365 @@
-//! The process kubelet: binds unscheduled pods to the sim's node, runs each bound pod as local
-//! process groups chosen through the [`ImageTable`], keeps their status true to reality
-//! (pod IP, phase, conditions, container states, readiness probes), records Events, and kills
-//! the processes when the pod is deleted before confirming the deletion.
+//! The kubelet itself: [`Kubelet`] registers its Node, watches the pods bound to it (field
+//! selector `spec.nodeName`), hands each to a pod worker ([`crate::pod`]) and ends the worker
+//! when the pod is deleted; it also answers, in process, what the kubelet API serves (logs and
+//! port-forward). Everything it knows about the cluster comes through its `kube::Client`.
 
-pub(crate) mod images;
-pub(crate) mod net;
-mod pod;
-pub(crate) mod pod_status;
-pub(crate) mod probe;
-pub(crate) mod process;
-
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use serde_json::{Value, json};
-use tokio::sync::broadcast::{self, error::RecvError};
+use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, Preconditions};
+use kube::runtime::WatchStreamExt as _;
+use kube::runtime::watcher;
+use kube::{Api, ResourceExt as _};
+use serde_json::Value;
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
-use crate::meta;
-use crate::ops::ApiObjects;
-use crate::resources::StorageKey;
-use crate::store::{Change, EventType};
+use crate::error::{Error, Result};
+use crate::events::{self, Recorder};
+use crate::images::ImageTable;
+use crate::logs::{self, LogOptions, LogStream};
+use crate::node::{self, NodeSpec, error_chain};
+use crate::process::{Isolation, ProcessTable};
 
-use images::ImageTable;
-use process::ProcessTable;
+/// How to run a kubelet.
+#[derive(Clone, Debug)]
+pub struct KubeletConfig {
+    /// The Node's name.
+    pub node_name: String,
+    /// Which program each image runs.
+    pub images: ImageTable,
+    /// Pod process isolation (`Auto` is resolved at start).
+    pub isolation: Isolation,
+    /// Root of the pods' directories and logs.
+    pub pods_dir: PathBuf,
+    /// Root of the PersistentVolumeClaims' directories (`<namespace>/<claim>`).
+    pub volumes_dir: PathBuf,
+    /// Readiness probe interval until a container is first ready.
+    pub fast_probe_interval: Duration,
+    /// How long the node's Lease is valid.
+    pub lease_duration: Duration,
+    /// How often the Lease is renewed.
+    pub heartbeat_interval: Duration,
+    /// How often the Node's `Ready` condition is reported again.
+    pub node_status_interval: Duration,
+    /// The port of the kubelet API, published in the Node's `daemonEndpoints`, when it serves
+    /// one.
+    pub kubelet_port: Option<u16>,
+    /// The executable next to which named programs are looked up (default: this process's).
+    pub exe: Option<PathBuf>,
+}
 
-/// Everything the kubelet's workers share.
-#[derive(Debug)]
-pub(crate) struct KubeletContext {
-    pub(crate) objects: Arc<ApiObjects>,
+impl KubeletConfig {
+    /// A node named `node_name` keeping pods under `data_dir/pods` and volumes under
+    /// `data_dir/volumes`, with the default image table and a real kubelet's timings (Lease of
+    /// 40 s renewed every 10 s, node status every minute).
+    pub fn new(node_name: impl Into<String>, data_dir: &std::path::Path) -> Self {
+        Self {
+            node_name: node_name.into(),
+            images: ImageTable::with_defaults(),
+            isolation: Isolation::Auto,
+            pods_dir: data_dir.join("pods"),
+            volumes_dir: data_dir.join("volumes"),
+            fast_probe_interval: Duration::from_millis(10),
+            lease_duration: Duration::from_secs(40),
+            heartbeat_interval: Duration::from_secs(10),
+            node_status_interval: Duration::from_secs(60),
+            kubelet_port: None,
+            exe: std::env::current_exe().ok(),
+        }
+    }
+}
+
+/// What the kubelet knows of a pod it runs, for the kubelet API.
+#[derive(Debug, Default)]
+pub(crate) struct PodRuntime {
+    pub(crate) ip: Option<Ipv4Addr>,
+    /// Names of the containers running now.
+    pub(crate) running: BTreeSet<String>,
+}
+
+/// Everything the kubelet's tasks share.
+pub(crate) struct Context {
+    pub(crate) client: kube::Client,
     pub(crate) node: String,
     pub(crate) images: ImageTable,
     /// Run pod processes inside bubblewrap.
     pub(crate) bwrap: bool,
-    /// Root of the pods' directories.
     pub(crate) pods_dir: PathBuf,
-    /// Root of the PersistentVolumeClaims' directories.
     pub(crate) volumes_dir: PathBuf,
-    /// Probe interval until a container is first ready.
     pub(crate) fast_probe: Duration,
     pub(crate) processes: Arc<ProcessTable>,
-    /// The executable next to which named programs are looked up.
     pub(crate) exe: Option<PathBuf>,
+    pub(crate) events: Recorder,
+    /// The pods the workers run, by uid.
+    pub(crate) pods: Mutex<HashMap<String, PodRuntime>>,
 }
 
-/// The directories of one pod.
-#[derive(Clone, Debug)]
-pub(crate) struct PodPaths {
-    pub(crate) root: PathBuf,
-    /// The pod's own directory (`/app` under bubblewrap).
-    pub(crate) app: PathBuf,
-    pub(crate) logs: PathBuf,
-}
-
-/// The directories of a pod under `pods_dir`.
-pub(crate) fn pod_paths(pods_dir: &Path, namespace: &str, name: &str, uid: &str) -> PodPaths {
-    let root = pods_dir.join(namespace).join(format!("{name}-{uid}"));
-    PodPaths {
-        app: root.join("app"),
-        logs: root.join("logs"),
-        root,
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("node", &self.node)
+            .field("bwrap", &self.bwrap)
+            .field("pods_dir", &self.pods_dir)
+            .finish_non_exhaustive()
     }
 }
 
-/// The log file of a container (the previous run's when `previous`).
-pub(crate) fn log_file(paths: &PodPaths, container: &str, previous: bool) -> PathBuf {
-    if previous {
-        paths.logs.join(format!("{container}.previous.log"))
-    } else {
-        paths.logs.join(format!("{container}.log"))
+impl Context {
+    /// Edits what the kubelet API knows of pod `uid`.
+    pub(crate) fn update_pod(&self, uid: &str, change: impl FnOnce(&mut PodRuntime)) {
+        let mut pods = self.pods.lock().unwrap_or_else(PoisonError::into_inner);
+        change(pods.entry(uid.to_owned()).or_default());
+    }
+
+    /// Forgets pod `uid` (its worker has ended).
+    pub(crate) fn forget_pod(&self, uid: &str) {
+        self.pods
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(uid);
+    }
+
+    fn pod_ip(&self, uid: &str) -> Option<Ipv4Addr> {
+        self.pods
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(uid)
+            .and_then(|pod| pod.ip)
     }
 }
 
-fn pods_key() -> StorageKey {
-    StorageKey::new("", "pods")
+/// A running kubelet. Dropping it (or [`Kubelet::stop`]) ends its loops and kills every pod
+/// process; the Node and its Lease stay, as a stopped kubelet's do.
+#[derive(Debug)]
+pub struct Kubelet {
+    ctx: Arc<Context>,
+    spec: NodeSpec,
+    heartbeat: Duration,
+    node_status_every: Duration,
+    events_rx: Mutex<Option<mpsc::UnboundedReceiver<Value>>>,
+    tasks: Mutex<JoinSet<()>>,
 }
 
-/// Commands from the kubelet loop to a pod worker.
+impl Kubelet {
+    /// A kubelet for `config` talking to the API through `client`; nothing runs until
+    /// [`Kubelet::start`].
+    pub fn new(client: kube::Client, config: KubeletConfig) -> Result<Self> {
+        let isolation = config.isolation.resolve().ok_or(Error::NoBwrap)?;
+        for dir in [&config.pods_dir, &config.volumes_dir] {
+            std::fs::create_dir_all(dir).map_err(|source| Error::PodsDir {
+                path: dir.clone(),
+                source,
+            })?;
+        }
+        let (events, events_rx) = Recorder::new(&config.node_name);
+        let ctx = Arc::new(Context {
+            client,
+            node: config.node_name.clone(),
+            images: config.images,
+            bwrap: isolation == Isolation::Bwrap,
+            pods_dir: config.pods_dir,
+            volumes_dir: config.volumes_dir,
+            fast_probe: config.fast_probe_interval,
+            processes: Arc::new(ProcessTable::default()),
+            exe: config.exe,
+            events,
+            pods: Mutex::new(HashMap::new()),
+        });
+        Ok(Self {
+            ctx,
+            spec: NodeSpec {
+                name: config.node_name,
+                kubelet_port: config.kubelet_port,
+                lease_duration: config.lease_duration,
+            },
+            heartbeat: config.heartbeat_interval,
+            node_status_every: config.node_status_interval,
+            events_rx: Mutex::new(Some(events_rx)),
+            tasks: Mutex::new(JoinSet::new()),
+        })
+    }
+
+    /// Registers the Node, takes its Lease, and starts the heartbeat and the pod loop. Returns
+    /// once the Node is registered (pods may still be on their way).
+    pub async fn start(&self) -> Result<()> {
+        let client = self.ctx.client.clone();
+        let node_uid = node::register(&client, &self.spec).await?;
+        node::renew_lease(&client, &self.spec, &node_uid).await?;
+        let mut tasks = self.tasks.lock().unwrap_or_else(PoisonError::into_inner);
+        tasks.spawn(node::heartbeat(
+            client.clone(),
+            self.spec.clone(),
+            node_uid,
+            self.heartbeat,
+            self.node_status_every,
+        ));
+        if let Some(events_rx) = self
+            .events_rx
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            tasks.spawn(events::post(client, events_rx));
+        }
+        tasks.spawn(Pods::new(self.ctx.clone()).run());
+        Ok(())
+    }
+
+    /// The Node's name.
+    pub fn node_name(&self) -> &str {
+        &self.ctx.node
+    }
+
+    /// Whether pods run in bubblewrap (the configured isolation, resolved).
+    pub fn isolation(&self) -> Isolation {
+        if self.ctx.bwrap {
+            Isolation::Bwrap
+        } else {
+            Isolation::None
+        }
+    }
+
+    /// The pod process groups alive right now.
+    pub fn live_process_groups(&self) -> usize {
+        self.ctx.processes.len()
+    }
+
+    /// The log of `container` of pod `namespace/name` with `uid` (`pods/log`).
+    pub async fn logs(
+        &self,
+        pod: &PodKey,
+        container: &str,
+        options: &LogOptions,
+    ) -> Result<LogStream> {
+        let paths = logs::pod_paths(&self.ctx.pods_dir, &pod.namespace, &pod.name, &pod.uid);
+        let ctx = self.ctx.clone();
+        let (uid, name) = (pod.uid.clone(), container.to_owned());
+        let running = move || {
+            ctx.pods
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(&uid)
+                .is_some_and(|pod| pod.running.contains(&name))
+        };
+        logs::read(&paths, &pod.name, container, options, running).await
+    }
+
+    /// A connection to `port` of the pod (`pods/portforward`): to its IP, as the kubelet's
+    /// port-forward connects.
+    pub async fn port_forward(&self, pod: &PodKey, port: u16) -> Result<TcpStream> {
+        let ip = self.ctx.pod_ip(&pod.uid).ok_or_else(|| Error::NoPodIp {
+            pod: format!("{}/{}", pod.namespace, pod.name),
+            node: self.ctx.node.clone(),
+        })?;
+        let ip = IpAddr::V4(ip);
+        let stream = TcpStream::connect((ip, port))
+            .await
+            .map_err(|source| Error::PortForward { port, ip, source })?;
+        let _ = stream.set_nodelay(true);
+        Ok(stream)
+    }
+
+    /// Ends the loops and kills every pod process at once, without waiting for the loops to
+    /// wind down (what dropping the kubelet does; for owners that cannot await).
+    pub fn abort(&self) {
+        self.tasks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .abort_all();
+        self.ctx.processes.kill_all();
+    }
+
+    /// Ends the loops and kills every pod process (the pods' statuses are left as they were).
+    pub async fn stop(&self) {
+        let mut tasks =
+            std::mem::take(&mut *self.tasks.lock().unwrap_or_else(PoisonError::into_inner));
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+        self.ctx.processes.kill_all();
+    }
+}
+
+impl Drop for Kubelet {
+    fn drop(&mut self) {
+        self.abort();
+    }
+}
+
+/// Which pod: namespace, name and uid (a recreated pod of the same name is another pod).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodKey {
+    /// The namespace.
+    pub namespace: String,
+    /// The name.
+    pub name: String,
+    /// The uid.
+    pub uid: String,
+}
+
+/// Commands from the pod loop to a pod worker.
 #[derive(Debug)]
 pub(crate) enum PodCommand {
+    /// The pod as the API has it now (for conditions others set, such as readiness gates).
+    Observed(Arc<Value>),
     /// The pod is being deleted: stop within the grace period, then confirm.
     Terminate(Duration),
     /// The pod is gone: kill now.
     Kill,
 }
 
-/// A strictly increasing nanosecond timestamp for event names.
-fn event_stamp() -> u128 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static LAST: AtomicU64 = AtomicU64::new(0);
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
-    let previous = LAST.fetch_max(now, Ordering::SeqCst);
-    let stamp = if previous >= now {
-        LAST.fetch_add(1, Ordering::SeqCst) + 1
-    } else {
-        now
+/// Confirms a pod's deletion once its processes are gone: a delete with grace period zero and
+/// the pod's uid as precondition (a recreated pod of the same name is left alone). Retried a few
+/// times, since a pod left unconfirmed stays Terminating.
+pub(crate) async fn confirm_deletion(client: &kube::Client, pod: &PodKey) {
+    let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace);
+    let params = DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(Preconditions {
+            uid: Some(pod.uid.clone()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
     };
-    u128::from(stamp)
-}
-
-/// Records a core Event about a pod, as the kubelet (or scheduler) does.
-pub(crate) fn record_event(
-    objects: &ApiObjects,
-    pod: &Value,
-    component: &str,
-    type_: &str,
-    reason: &str,
-    message: &str,
-) {
-    let Ok(info) = objects.builtin("", "events") else {
-        return;
-    };
-    let now = meta::now();
-    let event = json!({
-        "metadata": {
-            // Like the kubelet's names: the object's name and a timestamp, so names sort by time.
-            "name": format!("{}.{:x}", meta::name(pod), event_stamp()),
-            "namespace": meta::namespace(pod),
-        },
-        "involvedObject": {
-            "apiVersion": "v1", "kind": "Pod", "name": meta::name(pod),
-            "namespace": meta::namespace(pod), "uid": meta::uid(pod),
-            "resourceVersion": meta::resource_version(pod),
-        },
-        "reason": reason,
-        "message": message,
-        "type": type_,
-        "source": {"component": component, "host": "sim-node"},
-        "firstTimestamp": now,
-        "lastTimestamp": now,
-        "count": 1,
-        "reportingComponent": component,
-        "reportingInstance": "sim-node",
-    });
-    if let Err(error) = objects.create_internal(&info, event) {
-        tracing::debug!(%error, "recording event failed");
+    let mut pause = Duration::from_millis(50);
+    for _ in 0..5 {
+        match api.delete(&pod.name, &params).await {
+            Ok(_) => return,
+            // Gone already, or replaced by a pod of the same name: nothing of ours to confirm.
+            Err(kube::Error::Api(status)) if status.is_not_found() || status.is_conflict() => {
+                return;
+            }
+            Err(error) => {
+                tracing::warn!(pod = %format!("{}/{}", pod.namespace, pod.name), error = %error_chain(&error), "confirming a pod's deletion failed");
+            }
+        }
+        tokio::time::sleep(pause).await;
+        pause *= 2;
     }
 }
 
-/// The Node object the sim's pods are bound to.
-pub(crate) fn node_object(name: &str) -> Value {
-    let now = meta::now();
-    json!({
-        "metadata": {"name": name, "labels": {
-            "kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
-            "kubernetes.io/arch": std::env::consts::ARCH,
-            "node-role.kubernetes.io/control-plane": ""}},
-        "spec": {},
-        "status": {
-            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
-                          {"type": "Hostname", "address": name}],
-            "capacity": {"cpu": "2", "memory": "8Gi", "pods": "1000"},
-            "allocatable": {"cpu": "2", "memory": "8Gi", "pods": "1000"},
-            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                            "message": "the simulated kubelet is posting ready status",
-                            "lastHeartbeatTime": now, "lastTransitionTime": now}],
-            "nodeInfo": {"kubeletVersion": "v1.35.0-sim", "operatingSystem": "linux",
-                         "architecture": std::env::consts::ARCH, "containerRuntimeVersion": "sim://1",
-                         "kernelVersion": "", "osImage": "agent-sandbox sim", "kubeProxyVersion": "",
-                         "machineID": "", "systemUUID": "", "bootID": ""}
-        }
-    })
+fn grace_left(pod: &Pod) -> Duration {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    pod.metadata
+        .deletion_timestamp
+        .as_ref()
+        .map(|deadline| deadline.0.duration_since(now))
+        .and_then(|left| Duration::try_from(left).ok())
+        .unwrap_or(Duration::ZERO)
+}
+
+fn key_of(pod: &Pod) -> PodKey {
+    PodKey {
+        namespace: pod.namespace().unwrap_or_default(),
+        name: pod.name_any(),
+        uid: pod.uid().unwrap_or_default(),
+    }
 }
 
 struct Worker {
@@ -173,145 +367,81 @@ struct Worker {
     terminating: bool,
 }
 
-/// The kubelet loop.
-pub(crate) struct Kubelet {
-    ctx: Arc<KubeletContext>,
+/// The pod loop: one worker per pod bound to the node.
+struct Pods {
+    ctx: Arc<Context>,
     workers: HashMap<String, Worker>,
     tasks: JoinSet<()>,
+    /// The uids listed so far while the watch (re)lists.
+    listing: Option<HashSet<String>>,
 }
 
-impl std::fmt::Debug for Kubelet {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Kubelet")
-            .field("pods", &self.workers.len())
-            .finish()
-    }
-}
-
-impl Kubelet {
-    pub(crate) fn new(ctx: Arc<KubeletContext>) -> Self {
+impl Pods {
+    fn new(ctx: Arc<Context>) -> Self {
         Self {
             ctx,
             workers: HashMap::new(),
             tasks: JoinSet::new(),
+            listing: None,
         }
     }
 
-    /// Binds an unscheduled pod to the node, as the scheduler would.
-    fn bind(&self, pod: &Value) {
-        let node = self.ctx.node.clone();
-        let now = meta::now();
-        let bound = self.ctx.objects.mutate(
-            &pods_key(),
-            meta::namespace(pod),
-            meta::name(pod),
-            |object| {
-                if object
-                    .pointer("/spec/nodeName")
-                    .and_then(Value::as_str)
-                    .is_some_and(|n| !n.is_empty())
-                {
-                    return false;
-                }
-                if let Some(spec) = object.get_mut("spec").and_then(Value::as_object_mut) {
-                    spec.insert("nodeName".into(), json!(node));
-                }
-                let status = object
-                    .as_object_mut()
-                    .map(|map| map.entry("status").or_insert_with(|| json!({})));
-                if let Some(Value::Object(status)) = status {
-                    let conditions = status.entry("conditions").or_insert_with(|| json!([]));
-                    if let Some(list) = conditions.as_array_mut() {
-                        list.retain(|c| {
-                            c.get("type").and_then(Value::as_str) != Some("PodScheduled")
-                        });
-                        list.push(json!({"type": "PodScheduled", "status": "True",
-                                     "lastProbeTime": null, "lastTransitionTime": now}));
-                    }
-                }
-                true
-            },
-        );
-        if let Some(bound) = bound {
-            record_event(
-                &self.ctx.objects,
-                &bound,
-                "default-scheduler",
-                "Normal",
-                "Scheduled",
-                &format!(
-                    "Successfully assigned {}/{} to {}",
-                    meta::namespace(&bound),
-                    meta::name(&bound),
-                    self.ctx.node
-                ),
-            );
+    fn on_pod(&mut self, pod: &Pod) {
+        let key = key_of(pod);
+        if let Some(listing) = self.listing.as_mut() {
+            listing.insert(key.uid.clone());
         }
-    }
-
-    fn grace_left(pod: &Value) -> Duration {
-        let deadline = meta::meta_str(pod, "deletionTimestamp").and_then(meta::parse_time);
-        let now = k8s_openapi::jiff::Timestamp::now();
-        deadline
-            .map(|deadline| deadline.duration_since(now))
-            .and_then(|left| Duration::try_from(left).ok())
-            .unwrap_or(Duration::ZERO)
-    }
-
-    fn on_pod(&mut self, pod: &Arc<Value>) {
-        let uid = meta::uid(pod).to_owned();
-        let node = pod
-            .pointer("/spec/nodeName")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        if node.is_empty() {
-            if !meta::is_deleting(pod) {
-                self.bind(pod);
+        let deleting = pod.metadata.deletion_timestamp.is_some();
+        let value = match serde_json::to_value(pod) {
+            Ok(value) => Arc::new(value),
+            Err(error) => {
+                tracing::warn!(pod = %format!("{}/{}", key.namespace, key.name), %error, "cannot read a pod");
+                return;
             }
-            return;
-        }
-        if node != self.ctx.node {
-            return;
-        }
-        if !self.workers.contains_key(&uid) {
-            if meta::is_deleting(pod) {
+        };
+        let Some(worker) = self.workers.get_mut(&key.uid) else {
+            if deleting {
                 // Never started here: nothing to stop, confirm at once.
-                confirm_deletion(&self.ctx.objects, pod);
+                let client = self.ctx.client.clone();
+                self.tasks
+                    .spawn(async move { confirm_deletion(&client, &key).await });
                 return;
             }
             let (commands, receiver) = mpsc::unbounded_channel();
-            let ctx = self.ctx.clone();
-            let pod = pod.clone();
-            self.tasks.spawn(pod::run(ctx, pod, receiver));
+            self.tasks.spawn(crate::pod::run(
+                self.ctx.clone(),
+                key.clone(),
+                value,
+                receiver,
+            ));
             self.workers.insert(
-                uid.clone(),
+                key.uid,
                 Worker {
                     commands,
                     terminating: false,
                 },
             );
-        }
-        if meta::is_deleting(pod)
-            && let Some(worker) = self.workers.get_mut(&uid)
-            && !worker.terminating
-        {
+            return;
+        };
+        if deleting && !worker.terminating {
             worker.terminating = true;
-            let _ = worker
-                .commands
-                .send(PodCommand::Terminate(Self::grace_left(pod)));
+            let _ = worker.commands.send(PodCommand::Terminate(grace_left(pod)));
+        } else if !deleting {
+            let _ = worker.commands.send(PodCommand::Observed(value));
         }
     }
 
-    fn on_removed(&mut self, pod: &Value) {
-        if let Some(worker) = self.workers.remove(meta::uid(pod)) {
+    fn on_removed(&mut self, pod: &Pod) {
+        if let Some(worker) = self.workers.remove(&pod.uid().unwrap_or_default()) {
             let _ = worker.commands.send(PodCommand::Kill);
         }
     }
 
-    fn resync(&mut self) {
-        let (pods, _) = self.ctx.objects.store.list(&pods_key(), None);
-        let live: std::collections::HashSet<String> =
-            pods.iter().map(|p| meta::uid(p).to_owned()).collect();
+    /// After a (re)list: pods no longer listed were deleted while the watch was down.
+    fn listed(&mut self) {
+        let Some(live) = self.listing.take() else {
+            return;
+        };
         let gone: Vec<String> = self
             .workers
             .keys()
@@ -323,46 +453,31 @@ impl Kubelet {
                 let _ = worker.commands.send(PodCommand::Kill);
             }
         }
-        for pod in pods {
-            self.on_pod(&pod);
-        }
     }
 
-    /// Runs until the event channel closes; the workers are aborted (and their processes killed)
-    /// when this future is dropped.
-    pub(crate) async fn run(mut self, mut events: broadcast::Receiver<Arc<Change>>) {
-        self.resync();
+    /// Runs until the task is aborted; the workers are aborted (and their processes killed)
+    /// with it.
+    async fn run(mut self) {
+        let api: Api<Pod> = Api::all(self.ctx.client.clone());
+        let config = watcher::Config::default().fields(&format!("spec.nodeName={}", self.ctx.node));
+        let stream = watcher(api, config).default_backoff();
+        let mut stream = std::pin::pin!(stream);
         loop {
             tokio::select! {
-                event = events.recv() => match event {
-                    Ok(change) if change.key == pods_key() => match change.kind {
-                        EventType::Deleted => self.on_removed(&change.object),
-                        EventType::Added | EventType::Modified => self.on_pod(&change.object),
-                    },
-                    Ok(_) => {}
-                    Err(RecvError::Lagged(_)) => self.resync(),
-                    Err(RecvError::Closed) => return,
+                event = stream.next() => match event {
+                    Some(Ok(watcher::Event::Init)) => self.listing = Some(HashSet::new()),
+                    Some(Ok(watcher::Event::InitApply(pod) | watcher::Event::Apply(pod))) => {
+                        self.on_pod(&pod);
+                    }
+                    Some(Ok(watcher::Event::InitDone)) => self.listed(),
+                    Some(Ok(watcher::Event::Delete(pod))) => self.on_removed(&pod),
+                    Some(Err(error)) => {
+                        tracing::debug!(error = %error_chain(&error), "the kubelet's pod watch failed; retrying");
+                    }
+                    None => return,
                 },
                 Some(_) = self.tasks.join_next(), if !self.tasks.is_empty() => {}
             }
         }
     }
-}
-
-/// Confirms a pod's deletion after its processes are gone (grace period zero), which removes it
-/// once its finalizers are empty.
-pub(crate) fn confirm_deletion(objects: &ApiObjects, pod: &Value) {
-    let uid = meta::uid(pod).to_owned();
-    objects.mutate(
-        &pods_key(),
-        meta::namespace(pod),
-        meta::name(pod),
-        |object| {
-            if meta::uid(object) != uid {
-                return false;
-            }
-            meta::meta_mut(object).insert("deletionGracePeriodSeconds".into(), json!(0));
-            true
-        },
-    );
 }

@@ -1,6 +1,36 @@
-//! The process kubelet (issue: a real control plane in the test loop). So far: the kubelet API's
-//! streaming protocols — [`spdy`] sessions and [`portforward`] over them, as the API server
-//! speaks them to a kubelet for `kubectl port-forward`.
+//! The process kubelet (`docs/sim.md`): a node that runs pods as local process groups and
+//! speaks only the Kubernetes API, through a `kube::Client`, so that it runs against the
+//! simulated cluster (which runs it as its node) and against a real `kube-apiserver` alike.
+//!
+//! [`Kubelet`] registers its Node and renews its heartbeat Lease ([`node`]), watches the pods
+//! bound to it and runs each in a worker ([`pod`]) that starts its containers as process groups
+//! ([`process`], optionally in bubblewrap) chosen through the [`ImageTable`] ([`images`]), gives
+//! the pod a loopback address as its IP ([`net`]), runs readiness probes ([`probe`]), patches
+//! `pods/status` ([`pod_status`], sans IO), records Events ([`events`]), writes the containers'
+//! logs to disk ([`logs`]) and, on deletion, stops the processes before confirming. The kubelet
+//! API's pieces: logs and port-forward in process ([`Kubelet::logs`], [`Kubelet::port_forward`]),
+//! and its streaming protocols — [`spdy`] sessions and [`portforward`] over them, as the API
+//! server speaks them to a kubelet for `kubectl port-forward`.
 
+// The module map above links the private modules, for readers of the source.
+#![allow(rustdoc::private_intra_doc_links)]
+
+mod error;
+pub mod events;
+pub mod images;
+mod kubelet;
+mod logs;
+mod net;
+mod node;
+mod pod;
+mod pod_status;
 pub mod portforward;
+mod probe;
+mod process;
 pub mod spdy;
+
+pub use error::{Error, Result};
+pub use images::{DefaultReadiness, ImageEntry, ImageTable, Program, runtime_entry};
+pub use kubelet::{Kubelet, KubeletConfig, PodKey};
+pub use logs::{LogOptions, LogStream};
+pub use process::{Isolation, bwrap_available};

@@ -1,49 +1,60 @@
-//! `pods/log`: a container's captured output, whole, tailed, limited or followed.
+//! Containers' logs on disk: where the kubelet writes them ([`pod_paths`], [`log_file`]) and
+//! how it serves them ([`read`]): whole, tailed, limited or followed while the container runs.
 
-use std::collections::HashMap;
-use std::convert::Infallible;
-use std::path::PathBuf;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::response::Response;
 use bytes::Bytes;
-use http::{HeaderValue, header};
-use serde_json::Value;
+use futures::stream::BoxStream;
 
-use crate::api::ApiState;
-use crate::api_error::{ApiError, ApiResult};
-use crate::kubelet::{log_file, pod_paths};
-use crate::meta;
-use crate::resources::ResourceInfo;
+use crate::error::{Error, Result};
 
 /// How often a followed log is polled for growth.
 const FOLLOW_POLL: Duration = Duration::from_millis(100);
 
-fn container_names(pod: &Value, field: &str) -> Vec<String> {
-    pod.pointer(&format!("/spec/{field}"))
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|c| c.get("name").and_then(Value::as_str).map(str::to_owned))
-        .collect()
+/// The directories of one pod.
+#[derive(Clone, Debug)]
+pub(crate) struct PodPaths {
+    pub(crate) root: PathBuf,
+    /// The pod's own directory (`/app` under bubblewrap).
+    pub(crate) app: PathBuf,
+    pub(crate) logs: PathBuf,
 }
 
-fn is_running(pod: &Value, container: &str) -> bool {
-    ["containerStatuses", "initContainerStatuses"]
-        .iter()
-        .any(|field| {
-            pod.pointer(&format!("/status/{field}"))
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .any(|s| {
-                    s.get("name").and_then(Value::as_str) == Some(container)
-                        && s.pointer("/state/running").is_some()
-                })
-        })
+/// The directories of a pod under `pods_dir`.
+pub(crate) fn pod_paths(pods_dir: &Path, namespace: &str, name: &str, uid: &str) -> PodPaths {
+    let root = pods_dir.join(namespace).join(format!("{name}-{uid}"));
+    PodPaths {
+        app: root.join("app"),
+        logs: root.join("logs"),
+        root,
+    }
 }
+
+/// The log file of a container (the previous run's when `previous`).
+pub(crate) fn log_file(paths: &PodPaths, container: &str, previous: bool) -> PathBuf {
+    if previous {
+        paths.logs.join(format!("{container}.previous.log"))
+    } else {
+        paths.logs.join(format!("{container}.log"))
+    }
+}
+
+/// What part of a log to serve (the query of `pods/log`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LogOptions {
+    /// The previous run's log instead of the current one.
+    pub previous: bool,
+    /// Only the last lines.
+    pub tail_lines: Option<usize>,
+    /// At most this many bytes of what exists now.
+    pub limit_bytes: Option<usize>,
+    /// Keep streaming what the container writes until it stops.
+    pub follow: bool,
+}
+
+/// A log as it is read: the bytes so far, then (when followed) what the container writes next.
+pub type LogStream = BoxStream<'static, Bytes>;
 
 /// Keeps the last `lines` lines of `text`.
 pub(crate) fn tail(text: &[u8], lines: usize) -> &[u8] {
@@ -63,90 +74,58 @@ pub(crate) fn tail(text: &[u8], lines: usize) -> &[u8] {
     text
 }
 
-/// Serves `GET .../pods/{name}/log`.
-pub(crate) async fn serve(
-    state: &Arc<ApiState>,
-    info: &ResourceInfo,
-    namespace: &str,
-    name: &str,
-    query: &HashMap<String, String>,
-) -> ApiResult<Response> {
-    let pod = state.objects.get(info, namespace, name)?;
-    let mut names = container_names(&pod, "containers");
-    names.extend(container_names(&pod, "initContainers"));
-    let container = match query.get("container").filter(|c| !c.is_empty()) {
-        Some(container) => container.clone(),
-        None if container_names(&pod, "containers").len() == 1 => names[0].clone(),
-        None => {
-            return Err(ApiError::bad_request(format!(
-                "a container name must be specified for pod {name}, choose one of: [{}]",
-                names.join(" ")
-            )));
-        }
-    };
-    if !names.contains(&container) {
-        return Err(ApiError::bad_request(format!(
-            "container {container} is not valid for pod {name}"
-        )));
-    }
-    let previous = query.get("previous").is_some_and(|v| v == "true");
-    let paths = pod_paths(&state.pods_dir, namespace, name, meta::uid(&pod));
-    let file = log_file(&paths, &container, previous);
+/// Reads container `container`'s log of pod `pod` (its name, for messages) from `paths`;
+/// `running` says whether the container still runs, which ends a followed log when it turns
+/// false.
+pub(crate) async fn read<F>(
+    paths: &PodPaths,
+    pod: &str,
+    container: &str,
+    options: &LogOptions,
+    running: F,
+) -> Result<LogStream>
+where
+    F: Fn() -> bool + Send + 'static,
+{
+    let file = log_file(paths, container, options.previous);
     let content = tokio::fs::read(&file).await.map_err(|_| {
-        if previous {
-            ApiError::bad_request(format!(
-                "previous terminated container \"{container}\" in pod \"{name}\" not found"
-            ))
+        let (pod, container) = (pod.to_owned(), container.to_owned());
+        if options.previous {
+            Error::NoPreviousLog { pod, container }
         } else {
-            ApiError::bad_request(format!(
-                "container \"{container}\" in pod \"{name}\" is waiting to start: ContainerCreating"
-            ))
+            Error::NoLog { pod, container }
         }
     })?;
-    let mut body = match query.get("tailLines").and_then(|v| v.parse::<usize>().ok()) {
+    let mut body = match options.tail_lines {
         Some(lines) => tail(&content, lines).to_vec(),
         None => content.clone(),
     };
-    if let Some(limit) = query
-        .get("limitBytes")
-        .and_then(|v| v.parse::<usize>().ok())
-    {
+    if let Some(limit) = options.limit_bytes {
         body.truncate(limit);
     }
-    let follow = query.get("follow").is_some_and(|v| v == "true") && !previous;
-    let mut response = if follow && is_running(&pod, &container) {
-        let follower = Follower {
-            state: state.clone(),
-            file,
-            offset: content.len() as u64,
-            namespace: namespace.to_owned(),
-            name: name.to_owned(),
-            uid: meta::uid(&pod).to_owned(),
-            container,
-            first: Some(Bytes::from(body)),
-            done: false,
-        };
-        Response::new(Body::from_stream(futures::stream::unfold(
-            follower,
-            |mut f| async move { f.next().await.map(|bytes| (Ok::<_, Infallible>(bytes), f)) },
-        )))
-    } else {
-        Response::new(Body::from(body))
+    let follow = options.follow && !options.previous && running();
+    if !follow {
+        return Ok(Box::pin(futures::stream::once(std::future::ready(
+            Bytes::from(body),
+        ))));
+    }
+    let follower = Follower {
+        file,
+        offset: content.len() as u64,
+        running: Box::new(running),
+        first: Some(Bytes::from(body)),
+        done: false,
     };
-    response
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
-    Ok(response)
+    Ok(Box::pin(futures::stream::unfold(
+        follower,
+        |mut f| async move { f.next().await.map(|bytes| (bytes, f)) },
+    )))
 }
 
 struct Follower {
-    state: Arc<ApiState>,
     file: PathBuf,
     offset: u64,
-    namespace: String,
-    name: String,
-    uid: String,
-    container: String,
+    running: Box<dyn Fn() -> bool + Send>,
     first: Option<Bytes>,
     done: bool,
 }
@@ -167,15 +146,6 @@ impl Follower {
         Some(Bytes::from(buffer))
     }
 
-    fn still_running(&self) -> bool {
-        let pods = crate::resources::StorageKey::new("", "pods");
-        self.state
-            .objects
-            .store
-            .get(&pods, &self.namespace, &self.name)
-            .is_some_and(|pod| meta::uid(&pod) == self.uid && is_running(&pod, &self.container))
-    }
-
     async fn next(&mut self) -> Option<Bytes> {
         if let Some(first) = self.first.take().filter(|b| !b.is_empty()) {
             return Some(first);
@@ -187,7 +157,7 @@ impl Follower {
             if let Some(bytes) = self.read_new().await {
                 return Some(bytes);
             }
-            if !self.still_running() {
+            if !(self.running)() {
                 self.done = true;
                 // Whatever was written between the last read and the exit.
                 return self.read_new().await;

@@ -1,27 +1,31 @@
-//! One pod's worker: starts its init containers in order and then its containers, runs their
-//! readiness probes, restarts them per `restartPolicy`, writes the pod's status, and on
-//! deletion stops every process within the grace period before confirming.
+//! One pod's worker: reads what the pod references (ConfigMaps, Secrets) through the API,
+//! starts its init containers in order and then its containers, runs their readiness probes,
+//! restarts them per `restartPolicy`, patches `pods/status` when what it knows changes (one
+//! writer per pod, the latest status wins), and on deletion stops every process within the grace
+//! period before confirming.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use base64::Engine as _;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use kube::Api;
+use kube::api::{Patch, PatchParams};
 use serde_json::{Value, json};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use super::images::{ImageEntry, Program, Templates, expand_vars, find_program};
-use super::pod_status::{self, ContainerInfo, PodInfo, State, Terminated};
-use super::probe::{self, Probe};
-use super::process::{self, LaunchSpec, POD_DIR_IN_SANDBOX};
-use super::{
-    KubeletContext, PodCommand, PodPaths, confirm_deletion, log_file, net, pod_paths, record_event,
-};
-use crate::meta;
-use crate::resources::StorageKey;
+use crate::events::EventNote;
+use crate::images::{ImageEntry, Program, Templates, expand_vars, find_program};
+use crate::kubelet::{Context, PodCommand, PodKey, confirm_deletion};
+use crate::logs::{PodPaths, log_file, pod_paths};
+use crate::net;
+use crate::node::error_chain;
+use crate::pod_status::{self, ContainerInfo, PodInfo, State, Terminated};
+use crate::probe::{self, Probe};
+use crate::process::{self, LaunchSpec, POD_DIR_IN_SANDBOX};
 
 /// Restart back-off: doubles from this, capped at [`MAX_BACKOFF`].
 const BASE_BACKOFF: Duration = Duration::from_millis(500);
@@ -60,12 +64,21 @@ struct Plan {
     entry: ImageEntry,
 }
 
+/// The data of the ConfigMaps and Secrets a container references, by `(resource, name)`
+/// (`configmaps` or `secrets`); a missing object is absent. Secret values are decoded; those
+/// that are not UTF-8 are left out, as no environment variable or file can carry them here.
+type Refs = HashMap<(&'static str, String), BTreeMap<String, String>>;
+
 struct Worker {
-    ctx: Arc<KubeletContext>,
+    ctx: Arc<Context>,
     pod: Arc<Value>,
-    key: StorageKey,
+    key: PodKey,
     namespace: String,
     name: String,
+    /// The status as last sent to the writer (with the conditions others set, as last seen).
+    status: Value,
+    status_tx: watch::Sender<Option<Value>>,
+    status_writer: Option<tokio::task::JoinHandle<()>>,
     paths: PodPaths,
     ip: Option<Ipv4Addr>,
     info: PodInfo,
@@ -84,7 +97,68 @@ struct Worker {
 }
 
 fn now() -> String {
-    meta::now()
+    agent_sandbox_api::time::format(k8s_openapi::jiff::Timestamp::now())
+}
+
+/// The status patch of pod `uid`: with the uid, so that it cannot land on a pod recreated under
+/// the same name (the API server refuses a uid change), as a real kubelet's status manager does.
+fn status_patch(uid: &str, status: &Value) -> Value {
+    json!({"metadata": {"uid": uid}, "status": status})
+}
+
+/// Writes the latest status of pod `key` until the worker drops its sender, then the last one.
+/// A status that cannot be written is retried a few times unless a newer one replaces it; a pod
+/// that is gone ends the writer.
+async fn write_statuses(
+    client: kube::Client,
+    key: PodKey,
+    mut status_rx: watch::Receiver<Option<Value>>,
+) {
+    let api: Api<Pod> = Api::namespaced(client, &key.namespace);
+    let params = PatchParams::default();
+    while status_rx.changed().await.is_ok() {
+        let Some(status) = status_rx.borrow_and_update().clone() else {
+            continue;
+        };
+        let patch = Patch::Merge(status_patch(&key.uid, &status));
+        let mut pause = Duration::from_millis(20);
+        for _ in 0..5 {
+            match api.patch_status(&key.name, &params, &patch).await {
+                Ok(_) => break,
+                Err(kube::Error::Api(status)) if status.is_not_found() || status.code == 422 => {
+                    return;
+                }
+                Err(error) => {
+                    tracing::debug!(pod = %format!("{}/{}", key.namespace, key.name), error = %error_chain(&error), "patching a pod's status failed");
+                }
+            }
+            if status_rx.has_changed().unwrap_or(false) {
+                break;
+            }
+            tokio::time::sleep(pause).await;
+            pause *= 2;
+        }
+    }
+}
+
+/// The data of a ConfigMap or Secret as strings.
+fn object_data(resource: &'static str, object: Value) -> BTreeMap<String, String> {
+    if resource == "secrets" {
+        let secret: Option<Secret> = serde_json::from_value(object).ok();
+        return secret
+            .and_then(|s| s.data)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|(key, bytes)| String::from_utf8(bytes.0).ok().map(|v| (key, v)))
+            .collect();
+    }
+    let map: Option<ConfigMap> = serde_json::from_value(object).ok();
+    map.and_then(|m| m.data).unwrap_or_default()
+}
+
+/// One value of a referenced ConfigMap or Secret.
+fn lookup_key(refs: &Refs, resource: &'static str, name: &str, key: &str) -> Option<String> {
+    refs.get(&(resource, name.to_owned()))?.get(key).cloned()
 }
 
 fn backoff(restarts: u32) -> Duration {
@@ -94,27 +168,32 @@ fn backoff(restarts: u32) -> Duration {
 
 /// Runs a pod until it is deleted.
 pub(crate) async fn run(
-    ctx: Arc<KubeletContext>,
+    ctx: Arc<Context>,
+    key: PodKey,
     pod: Arc<Value>,
     mut commands: mpsc::UnboundedReceiver<PodCommand>,
 ) {
     let (exits_tx, mut exits) = mpsc::unbounded_channel();
-    let mut worker = Worker::new(ctx, pod, exits_tx);
-    let started = worker.start();
+    let mut worker = Worker::new(ctx, key, pod, exits_tx);
+    let started = worker.start().await;
     loop {
         let wake = if started { worker.next_wake() } else { None };
         tokio::select! {
-            command = commands.recv() => {
-                match command {
-                    Some(PodCommand::Terminate(grace)) => {
-                        worker.terminate(grace, &mut exits).await;
-                        confirm_deletion(&worker.ctx.objects, &worker.pod);
-                    }
-                    Some(PodCommand::Kill) | None => worker.kill_all(),
+            command = commands.recv() => match command {
+                Some(PodCommand::Observed(pod)) => worker.observe(&pod),
+                Some(PodCommand::Terminate(grace)) => {
+                    worker.terminate(grace, &mut exits).await;
+                    // The final status first: a confirmed pod may be gone at once.
+                    worker.flush_status().await;
+                    confirm_deletion(&worker.ctx.client, &worker.key).await;
+                    break;
                 }
-                break;
-            }
-            Some(exit) = exits.recv() => worker.on_exit(exit),
+                Some(PodCommand::Kill) | None => {
+                    worker.kill_all();
+                    break;
+                }
+            },
+            Some(exit) = exits.recv() => worker.on_exit(exit).await,
             () = sleep_until(wake) => worker.tick().await,
         }
     }
@@ -130,13 +209,21 @@ async fn sleep_until(when: Option<Instant>) {
 
 impl Worker {
     fn new(
-        ctx: Arc<KubeletContext>,
+        ctx: Arc<Context>,
+        key: PodKey,
         pod: Arc<Value>,
         exits_tx: mpsc::UnboundedSender<Exit>,
     ) -> Self {
-        let namespace = meta::namespace(&pod).to_owned();
-        let name = meta::name(&pod).to_owned();
-        let paths = pod_paths(&ctx.pods_dir, &namespace, &name, meta::uid(&pod));
+        let namespace = key.namespace.clone();
+        let name = key.name.clone();
+        let paths = pod_paths(&ctx.pods_dir, &namespace, &name, &key.uid);
+        let (status_tx, status_rx) = watch::channel(None);
+        let status_writer = Some(tokio::spawn(write_statuses(
+            ctx.client.clone(),
+            key.clone(),
+            status_rx,
+        )));
+        let status = pod.get("status").cloned().unwrap_or(json!({}));
         let list = |field: &str| -> Vec<Value> {
             pod.pointer(&format!("/spec/{field}"))
                 .and_then(Value::as_array)
@@ -175,7 +262,10 @@ impl Worker {
             .unwrap_or("Always")
             .to_owned();
         Self {
-            key: StorageKey::new("", "pods"),
+            key,
+            status,
+            status_tx,
+            status_writer,
             init_handles: init_specs.iter().map(|_| None).collect(),
             handles: specs.iter().map(|_| None).collect(),
             probes: specs.iter().map(|_| None).collect(),
@@ -198,34 +288,62 @@ impl Worker {
     }
 
     fn event(&self, type_: &str, reason: &str, message: &str) {
-        record_event(
-            &self.ctx.objects,
+        self.ctx.events.pod(
             &self.pod,
-            "kubelet",
-            type_,
-            reason,
-            message,
+            EventNote {
+                type_,
+                reason,
+                message,
+            },
         );
     }
 
-    /// Writes the pod's status if it changed.
-    fn write_status(&self) {
-        let info = self.info.clone();
-        let uid = meta::uid(&self.pod).to_owned();
-        self.ctx
-            .objects
-            .mutate(&self.key, &self.namespace, &self.name, |object| {
-                if meta::uid(object) != uid {
-                    return false;
-                }
-                let previous = object.get("status").cloned().unwrap_or(json!({}));
-                let next = pod_status::pod_status(&info, &previous, &now());
-                if next == previous {
-                    return false;
-                }
-                object["status"] = next;
-                true
-            });
+    /// Sends the pod's status to the writer if it changed.
+    fn write_status(&mut self) {
+        let next = pod_status::pod_status(&self.info, &self.status, &now());
+        if next == self.status {
+            return;
+        }
+        self.status = next.clone();
+        self.status_tx.send_replace(Some(next));
+    }
+
+    /// Waits until the last status sent is written (or given up).
+    async fn flush_status(&mut self) {
+        let (closed_tx, _) = watch::channel(None);
+        drop(std::mem::replace(&mut self.status_tx, closed_tx));
+        if let Some(writer) = self.status_writer.take() {
+            let _ = writer.await;
+        }
+    }
+
+    /// Takes in the conditions others set (readiness gates, say) from the pod as the API has
+    /// it, so that the next status keeps them; ours stay as we last wrote them.
+    fn observe(&mut self, pod: &Value) {
+        let ours = pod_status::OWN_CONDITIONS;
+        let is_ours =
+            |c: &Value| ours.contains(&c.get("type").and_then(Value::as_str).unwrap_or_default());
+        let theirs: Vec<Value> = pod
+            .pointer("/status/conditions")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter(|c| !is_ours(c))
+            .cloned()
+            .collect();
+        let mut conditions: Vec<Value> = self
+            .status
+            .get("conditions")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter(|c| is_ours(c))
+            .cloned()
+            .collect();
+        conditions.extend(theirs);
+        if let Some(status) = self.status.as_object_mut() {
+            status.insert("conditions".into(), Value::Array(conditions));
+        }
     }
 
     fn all_containers(&self) -> Vec<(bool, usize, Value)> {
@@ -258,7 +376,7 @@ impl Worker {
 
     /// Prepares the pod (images, IP, directories) and starts the first containers. Returns
     /// false when the pod cannot start (it then waits for deletion).
-    fn start(&mut self) -> bool {
+    async fn start(&mut self) -> bool {
         let mut ports: Vec<u16> = Vec::new();
         let mut missing = false;
         for (init, index, container) in self.all_containers() {
@@ -304,8 +422,8 @@ impl Worker {
             return false;
         };
         self.ip = Some(ip.0);
-        for dir in [&self.paths.app, &self.paths.logs] {
-            if let Err(error) = std::fs::create_dir_all(dir) {
+        for dir in [self.paths.app.clone(), self.paths.logs.clone()] {
+            if let Err(error) = std::fs::create_dir_all(&dir) {
                 self.event(
                     "Warning",
                     "FailedCreatePodSandBox",
@@ -317,19 +435,21 @@ impl Worker {
         }
         self.info.pod_ip = Some(ip.0.to_string());
         self.info.start_time = Some(now());
+        self.ctx
+            .update_pod(&self.key.uid, |pod| pod.ip = Some(ip.0));
         if self.init_specs.is_empty() {
-            self.start_main();
+            self.start_main().await;
         } else {
-            self.start_container(true, 0);
+            self.start_container(true, 0).await;
         }
         self.write_status();
         true
     }
 
-    fn start_main(&mut self) {
+    async fn start_main(&mut self) {
         self.info.initialized = true;
         for index in 0..self.specs.len() {
-            self.start_container(false, index);
+            self.start_container(false, index).await;
         }
     }
 
@@ -338,7 +458,7 @@ impl Worker {
             pod_ip: self.ip.map(|ip| ip.to_string()).unwrap_or_default(),
             pod_name: self.name.clone(),
             namespace: self.namespace.clone(),
-            pod_uid: meta::uid(&self.pod).to_owned(),
+            pod_uid: self.key.uid.clone(),
             pod_dir: if self.ctx.bwrap {
                 POD_DIR_IN_SANDBOX.to_owned()
             } else {
@@ -347,23 +467,98 @@ impl Worker {
         }
     }
 
-    fn lookup_key(&self, resource: &str, name: &str, key: &str) -> Option<String> {
-        let object =
-            self.ctx
-                .objects
-                .store
-                .get(&StorageKey::new("", resource), &self.namespace, name)?;
-        if resource == "secrets" {
-            let encoded = object.pointer(&format!("/data/{key}"))?.as_str()?;
-            let bytes = base64::engine::general_purpose::STANDARD
-                .decode(encoded)
-                .ok()?;
-            return String::from_utf8(bytes).ok();
+    /// Reads the ConfigMaps and Secrets `container` references (its environment, and under
+    /// bubblewrap the volumes it mounts) through the API.
+    async fn fetch_refs(&self, container: &Value) -> Refs {
+        let mut wanted: Vec<(&'static str, String)> = Vec::new();
+        let mut want = |resource: &'static str, name: Option<&str>| {
+            if let Some(name) = name.filter(|n| !n.is_empty())
+                && !wanted.iter().any(|(r, n)| *r == resource && n == name)
+            {
+                wanted.push((resource, name.to_owned()));
+            }
+        };
+        let list = |field: &str| {
+            container
+                .get(field)
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default()
+        };
+        for source in list("envFrom") {
+            want(
+                "configmaps",
+                source.pointer("/configMapRef/name").and_then(Value::as_str),
+            );
+            want(
+                "secrets",
+                source.pointer("/secretRef/name").and_then(Value::as_str),
+            );
         }
-        object
-            .pointer(&format!("/data/{key}"))?
-            .as_str()
-            .map(str::to_owned)
+        for var in list("env") {
+            want(
+                "configmaps",
+                var.pointer("/valueFrom/configMapKeyRef/name")
+                    .and_then(Value::as_str),
+            );
+            want(
+                "secrets",
+                var.pointer("/valueFrom/secretKeyRef/name")
+                    .and_then(Value::as_str),
+            );
+        }
+        if self.ctx.bwrap {
+            let mounted: Vec<String> = list("volumeMounts")
+                .iter()
+                .filter_map(|m| m.get("name").and_then(Value::as_str).map(str::to_owned))
+                .collect();
+            for volume in self
+                .pod
+                .pointer("/spec/volumes")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter(|v| {
+                    mounted
+                        .iter()
+                        .any(|m| Some(m.as_str()) == v.get("name").and_then(Value::as_str))
+                })
+            {
+                want(
+                    "configmaps",
+                    volume.pointer("/configMap/name").and_then(Value::as_str),
+                );
+                want(
+                    "secrets",
+                    volume.pointer("/secret/secretName").and_then(Value::as_str),
+                );
+            }
+        }
+        let mut refs = Refs::new();
+        for (resource, name) in wanted {
+            let fetched = if resource == "secrets" {
+                let api: Api<Secret> = Api::namespaced(self.ctx.client.clone(), &self.namespace);
+                api.get_opt(&name)
+                    .await
+                    .map(|o| o.and_then(|o| serde_json::to_value(o).ok()))
+            } else {
+                let api: Api<ConfigMap> = Api::namespaced(self.ctx.client.clone(), &self.namespace);
+                api.get_opt(&name)
+                    .await
+                    .map(|o| o.and_then(|o| serde_json::to_value(o).ok()))
+            };
+            match fetched {
+                Ok(Some(object)) => {
+                    refs.insert((resource, name), object_data(resource, object));
+                }
+                Ok(None) => {}
+                Err(error) => tracing::warn!(
+                    pod = %format!("{}/{}", self.namespace, self.name), %resource, %name,
+                    error = %error_chain(&error), "reading what a container references failed"
+                ),
+            }
+        }
+        refs
     }
 
     fn field_ref(&self, path: &str) -> Option<String> {
@@ -373,18 +568,26 @@ impl Worker {
             .strip_prefix("metadata.labels['")
             .and_then(|r| r.strip_suffix("']"))
         {
-            return meta::labels(pod).get(rest).cloned();
+            return pod
+                .pointer("/metadata/labels")
+                .and_then(|labels| labels.get(rest))
+                .and_then(Value::as_str)
+                .map(str::to_owned);
         }
         if let Some(rest) = path
             .strip_prefix("metadata.annotations['")
             .and_then(|r| r.strip_suffix("']"))
         {
-            return meta::string_map(pod, "annotations").get(rest).cloned();
+            return pod
+                .pointer("/metadata/annotations")
+                .and_then(|annotations| annotations.get(rest))
+                .and_then(Value::as_str)
+                .map(str::to_owned);
         }
         match path {
             "metadata.name" => Some(self.name.clone()),
             "metadata.namespace" => Some(self.namespace.clone()),
-            "metadata.uid" => Some(meta::uid(pod).to_owned()),
+            "metadata.uid" => Some(self.key.uid.clone()),
             "spec.nodeName" => Some(self.ctx.node.clone()),
             "spec.serviceAccountName" => text(pod.pointer("/spec/serviceAccountName")),
             "status.podIP" | "status.podIPs" => self.ip.map(|ip| ip.to_string()),
@@ -399,6 +602,7 @@ impl Worker {
         container: &Value,
         entry: &ImageEntry,
         templates: &Templates,
+        refs: &Refs,
     ) -> BTreeMap<String, String> {
         let mut env = BTreeMap::new();
         env.insert(
@@ -427,22 +631,11 @@ impl Worker {
                 else {
                     continue;
                 };
-                let Some(object) = self.ctx.objects.store.get(
-                    &StorageKey::new("", resource),
-                    &self.namespace,
-                    name,
-                ) else {
+                let Some(data) = refs.get(&(resource, name.to_owned())) else {
                     continue;
                 };
-                for key in object
-                    .get("data")
-                    .and_then(Value::as_object)
-                    .into_iter()
-                    .flat_map(|m| m.keys())
-                {
-                    if let Some(value) = self.lookup_key(resource, name, key) {
-                        env.insert(format!("{prefix}{key}"), value);
-                    }
+                for (key, value) in data {
+                    env.insert(format!("{prefix}{key}"), value.clone());
                 }
             }
         }
@@ -469,7 +662,7 @@ impl Worker {
                         .get("key")
                         .and_then(Value::as_str)
                         .unwrap_or_default();
-                    self.lookup_key("secrets", n, k)
+                    lookup_key(refs, "secrets", n, k)
                 } else if let Some(reference) = from.get("configMapKeyRef") {
                     let n = reference
                         .get("name")
@@ -479,7 +672,7 @@ impl Worker {
                         .get("key")
                         .and_then(Value::as_str)
                         .unwrap_or_default();
-                    self.lookup_key("configmaps", n, k)
+                    lookup_key(refs, "configmaps", n, k)
                 } else {
                     None
                 }
@@ -565,7 +758,7 @@ impl Worker {
     }
 
     /// Prepares the volumes a container mounts (bubblewrap only: plain processes see the host).
-    fn mounts(&self, container: &Value) -> Vec<(PathBuf, String)> {
+    fn mounts(&self, container: &Value, refs: &Refs) -> Vec<(PathBuf, String)> {
         if !self.ctx.bwrap {
             return Vec::new();
         }
@@ -613,21 +806,10 @@ impl Worker {
                 })
             {
                 let dir = self.paths.root.join("volumes").join(name);
-                if let Some(object) = self.ctx.objects.store.get(
-                    &StorageKey::new("", resource),
-                    &self.namespace,
-                    object_name,
-                ) {
+                if let Some(data) = refs.get(&(resource, object_name.to_owned())) {
                     let _ = std::fs::create_dir_all(&dir);
-                    for key in object
-                        .get("data")
-                        .and_then(Value::as_object)
-                        .into_iter()
-                        .flat_map(|m| m.keys())
-                    {
-                        if let Some(value) = self.lookup_key(resource, object_name, key) {
-                            let _ = std::fs::write(dir.join(key), value);
-                        }
+                    for (key, value) in data {
+                        let _ = std::fs::write(dir.join(key), value);
                     }
                 }
                 dir
@@ -641,7 +823,7 @@ impl Worker {
         mounts
     }
 
-    fn plan(&self, container: &Value) -> Result<Plan, String> {
+    fn plan(&self, container: &Value, refs: &Refs) -> Result<Plan, String> {
         let image = container
             .get("image")
             .and_then(Value::as_str)
@@ -653,7 +835,7 @@ impl Worker {
             .cloned()
             .ok_or_else(|| format!("no image table entry for {image:?}"))?;
         let templates = self.templates();
-        let env = self.environment(container, &entry, &templates);
+        let env = self.environment(container, &entry, &templates, refs);
         let argv = self.argv(container, &entry, &env, &templates)?;
         let name = container
             .get("name")
@@ -675,14 +857,14 @@ impl Worker {
                     .unwrap_or(&self.name)
                     .to_owned(),
                 pod_dir: self.paths.app.clone(),
-                mounts: self.mounts(container),
+                mounts: self.mounts(container, refs),
                 log: log_file(&self.paths, name, false),
             },
             entry,
         })
     }
 
-    fn start_container(&mut self, init: bool, index: usize) {
+    async fn start_container(&mut self, init: bool, index: usize) {
         let specs = if init { &self.init_specs } else { &self.specs };
         let Some(container) = specs.get(index).cloned() else {
             return;
@@ -692,7 +874,8 @@ impl Worker {
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_owned();
-        let plan = match self.plan(&container) {
+        let refs = self.fetch_refs(&container).await;
+        let plan = match self.plan(&container, &refs) {
             Ok(plan) => plan,
             Err(message) => {
                 self.set_waiting(init, index, "RunContainerError", message.clone());
@@ -714,6 +897,9 @@ impl Worker {
             }
         };
         let pid = running.guard.pgid();
+        self.ctx.update_pod(&self.key.uid, |pod| {
+            pod.running.insert(name.clone());
+        });
         let started_at = now();
         let (control, control_rx) = mpsc::unbounded_channel();
         while self.tasks.try_join_next().is_some() {}
@@ -790,7 +976,21 @@ impl Worker {
         }
     }
 
-    fn on_exit(&mut self, exit: Exit) {
+    async fn on_exit(&mut self, exit: Exit) {
+        let specs = if exit.init {
+            &self.init_specs
+        } else {
+            &self.specs
+        };
+        if let Some(name) = specs
+            .get(exit.index)
+            .and_then(|c| c.get("name"))
+            .and_then(Value::as_str)
+        {
+            self.ctx.update_pod(&self.key.uid, |pod| {
+                pod.running.remove(name);
+            });
+        }
         let handle = if exit.init {
             self.init_handles.get_mut(exit.index).and_then(Option::take)
         } else {
@@ -825,9 +1025,9 @@ impl Worker {
             }
             if code == 0 {
                 if exit.index + 1 < self.init_specs.len() {
-                    self.start_container(true, exit.index + 1);
+                    self.start_container(true, exit.index + 1).await;
                 } else {
-                    self.start_main();
+                    self.start_main().await;
                 }
             } else if self.restart_policy == "Never" {
                 self.info.terminal = Some("Failed".into());
@@ -916,13 +1116,13 @@ impl Worker {
             && at <= now_instant
         {
             self.init_restart_at = None;
-            self.start_container(true, index);
+            self.start_container(true, index).await;
             self.write_status();
         }
         for index in 0..self.restart_at.len() {
             if self.restart_at[index].is_some_and(|at| at <= now_instant) {
                 self.restart_at[index] = None;
-                self.start_container(false, index);
+                self.start_container(false, index).await;
                 self.write_status();
             }
         }
@@ -1006,7 +1206,7 @@ impl Worker {
         while self.handles_mut().any(|h| h.is_some()) && Instant::now() < hard_stop {
             let wait_until = if killed { hard_stop } else { deadline };
             tokio::select! {
-                Some(exit) = exits.recv() => self.on_exit(exit),
+                Some(exit) = exits.recv() => self.on_exit(exit).await,
                 () = tokio::time::sleep_until(wait_until) => {
                     if !killed {
                         for handle in self.handles_mut().flatten() {
@@ -1029,6 +1229,7 @@ impl Worker {
     }
 
     fn release(&mut self) {
+        self.ctx.forget_pod(&self.key.uid);
         if let Some(ip) = self.ip.take() {
             net::release(ip);
         }

@@ -156,6 +156,15 @@ fn condition(previous: &Value, type_: &str, ok: bool, reason: Option<&str>, now:
     value
 }
 
+/// The pod conditions the kubelet owns; others' (readiness gates) it keeps as they are.
+pub(crate) const OWN_CONDITIONS: [&str; 5] = [
+    "PodReadyToStartContainers",
+    "Initialized",
+    "Ready",
+    "ContainersReady",
+    "PodScheduled",
+];
+
 /// The status object for `info`, keeping transition times from `previous` (the stored status).
 pub(crate) fn pod_status(info: &PodInfo, previous: &Value, now: &str) -> Value {
     let phase = phase(info);
@@ -202,18 +211,12 @@ pub(crate) fn pod_status(info: &PodInfo, previous: &Value, now: &str) -> Value {
         condition(previous, "PodScheduled", true, None, now),
     ];
     // Conditions set by others (readiness gates) are kept.
-    let ours = [
-        "PodReadyToStartContainers",
-        "Initialized",
-        "Ready",
-        "ContainersReady",
-        "PodScheduled",
-    ];
     if let Some(list) = previous.get("conditions").and_then(Value::as_array) {
         conditions.extend(
             list.iter()
                 .filter(|c| {
-                    !ours.contains(&c.get("type").and_then(Value::as_str).unwrap_or_default())
+                    !OWN_CONDITIONS
+                        .contains(&c.get("type").and_then(Value::as_str).unwrap_or_default())
                 })
                 .cloned(),
         );
@@ -237,72 +240,6 @@ pub(crate) fn pod_status(info: &PodInfo, previous: &Value, now: &str) -> Value {
         status["startTime"] = json!(start);
     }
     status
-}
-
-/// The STATUS column of `kubectl get pods` (what the API server's table printer shows).
-pub(crate) fn display_status(pod: &Value) -> String {
-    let status = pod.get("status").cloned().unwrap_or(Value::Null);
-    let mut reason = status
-        .get("reason")
-        .and_then(Value::as_str)
-        .or_else(|| status.get("phase").and_then(Value::as_str))
-        .unwrap_or("Pending")
-        .to_owned();
-    let init = status
-        .get("initContainerStatuses")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    let mut initializing = false;
-    for (index, container) in init.iter().enumerate() {
-        let state = container.get("state").cloned().unwrap_or(Value::Null);
-        if state
-            .pointer("/terminated/exitCode")
-            .and_then(Value::as_i64)
-            == Some(0)
-        {
-            continue;
-        }
-        initializing = true;
-        reason = if let Some(r) = state.pointer("/terminated/reason").and_then(Value::as_str) {
-            format!("Init:{r}")
-        } else if let Some(r) = state
-            .pointer("/waiting/reason")
-            .and_then(Value::as_str)
-            .filter(|r| *r != "PodInitializing")
-        {
-            format!("Init:{r}")
-        } else {
-            format!("Init:{index}/{}", init.len())
-        };
-        break;
-    }
-    if !initializing {
-        let containers = status
-            .get("containerStatuses")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
-        let mut running = false;
-        for container in containers.iter().rev() {
-            let state = container.get("state").cloned().unwrap_or(Value::Null);
-            if let Some(r) = state.pointer("/waiting/reason").and_then(Value::as_str) {
-                reason = r.to_owned();
-            } else if let Some(r) = state.pointer("/terminated/reason").and_then(Value::as_str) {
-                reason = r.to_owned();
-            } else if state.get("running").is_some() && container.get("ready") == Some(&json!(true))
-            {
-                running = true;
-            }
-        }
-        if reason == "Completed" && running {
-            reason = "Running".to_owned();
-        }
-    }
-    if crate::meta::is_deleting(pod) {
-        reason = "Terminating".to_owned();
-    }
-    reason
 }
 
 #[cfg(test)]
@@ -353,12 +290,14 @@ mod tests {
             .find(|c| c["type"] == "Ready")
             .unwrap();
         assert_eq!(ready_later["lastTransitionTime"], json!("t1"));
-        let pod = json!({"metadata": {}, "status": status});
-        assert_eq!(display_status(&pod), "Running");
+        assert_eq!(
+            status["containerStatuses"][0]["state"],
+            json!({"running": {"startedAt": "t0"}})
+        );
     }
 
     #[test]
-    fn image_pull_failures_and_completion_show_in_the_status_column() {
+    fn image_pull_failures_and_completion_show_in_container_states() {
         let info = PodInfo {
             containers: vec![ContainerInfo::waiting(
                 "c",
@@ -370,7 +309,10 @@ mod tests {
         };
         let status = pod_status(&info, &json!({}), "t");
         assert_eq!(status["phase"], json!("Pending"));
-        assert_eq!(display_status(&json!({"status": status})), "ErrImagePull");
+        assert_eq!(
+            status["containerStatuses"][0]["state"],
+            json!({"waiting": {"reason": "ErrImagePull", "message": "unknown image"}})
+        );
         let done = PodInfo {
             initialized: true,
             terminal: Some("Succeeded".into()),
@@ -390,6 +332,9 @@ mod tests {
         };
         let status = pod_status(&done, &json!({}), "t");
         assert_eq!(status["phase"], json!("Succeeded"));
-        assert_eq!(display_status(&json!({"status": status})), "Completed");
+        assert_eq!(
+            status["containerStatuses"][0]["state"]["terminated"]["reason"],
+            json!("Completed")
+        );
     }
 }

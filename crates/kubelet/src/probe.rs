@@ -7,7 +7,7 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::images::DefaultReadiness;
+use crate::images::DefaultReadiness;
 
 /// One check.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -10,8 +10,8 @@
 //! subreaper that kills everything left below it when the program ends or when the kubelet
 //! closes its standard input, and exits only then, with the program's status.
 //!
-//! Every live group is registered in a [`ProcessTable`], so that stopping the sim (or dropping
-//! its handle) can kill every pod process even when the tasks that own them are gone. Each group
+//! Every live group is registered in a [`ProcessTable`], so that stopping the kubelet (or
+//! dropping its handle) can kill every pod process even when the tasks that own them are gone. Each group
 //! is also killed by its [`GroupGuard`] when dropped.
 
 use std::collections::{BTreeMap, HashMap};
@@ -46,6 +46,19 @@ impl std::str::FromStr for Isolation {
             "bwrap" => Ok(Self::Bwrap),
             "none" => Ok(Self::None),
             other => Err(format!("unknown isolation {other:?} (auto, bwrap or none)")),
+        }
+    }
+}
+
+impl Isolation {
+    /// The isolation pods actually get: `Auto` resolved to what works here; `None` when
+    /// bubblewrap is asked for where it does not work.
+    pub fn resolve(self) -> Option<Self> {
+        match self {
+            Self::Auto if bwrap_available() => Some(Self::Bwrap),
+            Self::Auto | Self::None => Some(Self::None),
+            Self::Bwrap if bwrap_available() => Some(Self::Bwrap),
+            Self::Bwrap => None,
         }
     }
 }

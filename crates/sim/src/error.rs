@@ -40,6 +40,12 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    /// The node's kubelet could not be set up or register its Node.
+    #[error("failed to start the sim's kubelet")]
+    Kubelet {
+        #[source]
+        source: agent_sandbox_kubelet::Error,
+    },
     /// A built-in object could not be created at start.
     #[error("failed to create {what} in the new cluster")]
     Seed {

@@ -1,15 +1,16 @@
 //! A simulated Kubernetes cluster for tests and local use (`docs/sim.md`).
 //!
 //! [`Sim::start`] serves, on 127.0.0.1, the subset of the Kubernetes API that our controller,
-//! router, SDK, CLI and agent use and that `kubectl` needs, and runs pods as local processes:
+//! router, SDK, CLI and agent use and that `kubectl` needs, and runs pods as local processes
+//! through one node: the process kubelet of `agent-sandbox-kubelet`, which talks to this API
+//! over HTTP like any client (a real cluster's kubelet runs the same code).
 //!
-//! - [`api`]: HTTP routing, discovery, Table output, watches, logs; [`portforward`]: the
-//!   WebSocket port-forward; [`ops`] and [`store`]: object semantics, storage, watch history;
-//!   [`admission`], [`apply`], [`patch`], [`selector`], [`jsonpath`], [`events`]: the pure
-//!   pieces they use;
-//! - [`kubelet`]: scheduling to one node, pod processes (optionally in bubblewrap), pod IPs,
-//!   probes, status, logs; [`gc`]: ownerReference garbage collection; [`controllers`]:
-//!   EndpointSlices, namespace lifecycle, PVC binding.
+//! - [`api`]: HTTP routing, discovery, Table output, watches; [`logs`] and [`portforward`]:
+//!   the pod subresources the kubelet serves (called in process); [`ops`] and [`store`]: object
+//!   semantics, storage, watch history; [`admission`], [`apply`], [`patch`], [`selector`],
+//!   [`jsonpath`], [`events`]: the pure pieces they use;
+//! - [`scheduler`]: binding pods to the node; [`gc`]: ownerReference garbage collection;
+//!   [`controllers`]: EndpointSlices, namespace lifecycle, PVC binding.
 //!
 //! The sim is a test harness and a playground, never a production target; `docs/sim.md` lists
 //! every way it differs from a real cluster.
@@ -26,7 +27,6 @@ mod error;
 mod events;
 mod gc;
 mod jsonpath;
-mod kubelet;
 mod logs;
 mod meta;
 mod metrics;
@@ -34,6 +34,7 @@ mod ops;
 mod patch;
 mod portforward;
 mod resources;
+mod scheduler;
 mod selector;
 mod store;
 pub mod test_support;
@@ -46,13 +47,16 @@ use std::time::Duration;
 use serde_json::json;
 use tokio::task::JoinSet;
 
+// The kubelet's configuration types, where the sim's users have always found them.
+pub use agent_sandbox_kubelet::{
+    DefaultReadiness, ImageEntry, ImageTable, Isolation, Program, bwrap_available, runtime_entry,
+};
 pub use api_error::ApiError;
 pub use error::{Error, Result};
-pub use kubelet::images::{DefaultReadiness, ImageEntry, ImageTable, Program, runtime_entry};
-pub use kubelet::process::{Isolation, bwrap_available};
 pub use metrics::{RequestCounts, RequestKey, WRITE_VERBS};
 
-use crate::kubelet::process::ProcessTable;
+use agent_sandbox_kubelet::{Kubelet, KubeletConfig};
+
 use crate::ops::{ApiObjects, WriteOptions};
 
 /// Name of the one node pods are bound to.
@@ -153,7 +157,7 @@ pub struct Sim {
     isolation: Isolation,
     objects: Arc<ApiObjects>,
     api: Arc<api::ApiState>,
-    processes: Arc<ProcessTable>,
+    kubelet: Arc<Kubelet>,
     tasks: JoinSet<()>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     _temp: Option<tempfile::TempDir>,
@@ -184,10 +188,6 @@ fn seed(objects: &ApiObjects) -> Result<()> {
             )
             .map_err(seed_err(&format!("namespace {name}")))?;
     }
-    let nodes = objects.builtin("", "nodes").map_err(seed_err("nodes"))?;
-    objects
-        .create_internal(&nodes, kubelet::node_object(NODE_NAME))
-        .map_err(seed_err("the node"))?;
     let services = objects
         .builtin("", "services")
         .map_err(seed_err("services"))?;
@@ -248,6 +248,32 @@ pub fn kubeconfig_yaml(base_url: &str) -> String {
     )
 }
 
+/// A kube client for the sim at `base_url` (default namespace `default`), sending
+/// `user_agent` when given.
+fn client_for(base_url: &str, user_agent: Option<&'static str>) -> Result<kube::Client> {
+    // kube's TLS stack needs a process-wide provider even for plain HTTP.
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let url: http::Uri =
+        base_url
+            .parse()
+            .map_err(|error: http::uri::InvalidUri| Error::Client {
+                url: base_url.to_owned(),
+                source: kube::Error::Service(error.into()),
+            })?;
+    let mut config = kube::Config::new(url);
+    config.default_namespace = "default".to_owned();
+    if let Some(agent) = user_agent {
+        config.headers.push((
+            http::header::USER_AGENT,
+            http::HeaderValue::from_static(agent),
+        ));
+    }
+    kube::Client::try_from(config).map_err(|source| Error::Client {
+        url: base_url.to_owned(),
+        source,
+    })
+}
+
 fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent)?;
@@ -282,12 +308,7 @@ impl Sim {
                 source,
             })?;
         }
-        let isolation = match config.isolation {
-            Isolation::Auto if kubelet::process::bwrap_available() => Isolation::Bwrap,
-            Isolation::Auto | Isolation::None => Isolation::None,
-            Isolation::Bwrap if kubelet::process::bwrap_available() => Isolation::Bwrap,
-            Isolation::Bwrap => return Err(Error::NoBwrap),
-        };
+        let isolation = config.isolation.resolve().ok_or(Error::NoBwrap)?;
         let objects = Arc::new(ApiObjects::new(config.watch_history));
         seed(&objects)?;
 
@@ -303,18 +324,30 @@ impl Sim {
             source,
         })?;
         let base_url = format!("http://{addr}");
+        // The node: the one kubelet implementation, a client of this API like any other.
+        let kubelet = Arc::new(
+            Kubelet::new(
+                client_for(&base_url, Some(api::NODE_USER_AGENT))?,
+                KubeletConfig {
+                    images: config.images.clone(),
+                    isolation,
+                    fast_probe_interval: config.fast_probe_interval,
+                    ..KubeletConfig::new(NODE_NAME, &data_dir)
+                },
+            )
+            .map_err(|source| Error::Kubelet { source })?,
+        );
         let metrics = Arc::new(metrics::Metrics::default());
         let (watch_epoch, _) = tokio::sync::watch::channel(0);
         let api = Arc::new(api::ApiState {
             objects: objects.clone(),
             metrics,
-            pods_dir: pods_dir.clone(),
+            kubelet: kubelet.clone(),
             server: addr.to_string(),
             bookmark_interval: config.bookmark_interval,
             tasks: std::sync::Mutex::new(JoinSet::new()),
             watch_epoch,
         });
-        let processes = Arc::new(ProcessTable::default());
         let mut tasks = JoinSet::new();
         let (shutdown, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
         let router = api::router(api.clone());
@@ -333,18 +366,9 @@ impl Sim {
                 tracing::error!(%error, "the sim's API server stopped");
             }
         });
-        let ctx = Arc::new(kubelet::KubeletContext {
-            objects: objects.clone(),
-            node: NODE_NAME.to_owned(),
-            images: config.images.clone(),
-            bwrap: isolation == Isolation::Bwrap,
-            pods_dir,
-            volumes_dir,
-            fast_probe: config.fast_probe_interval,
-            processes: processes.clone(),
-            exe: std::env::current_exe().ok(),
-        });
-        tasks.spawn(kubelet::Kubelet::new(ctx).run(objects.store.subscribe()));
+        tasks.spawn(
+            scheduler::Scheduler::new(objects.clone(), NODE_NAME).run(objects.store.subscribe()),
+        );
         tasks.spawn(gc::run(
             gc::Collector::new(objects.clone()),
             objects.store.subscribe(),
@@ -363,8 +387,7 @@ impl Sim {
                 source,
             }
         })?;
-        tracing::info!(%base_url, kubeconfig = %kubeconfig.display(), ?isolation, "simulated cluster ready");
-        Ok(Self {
+        let sim = Self {
             addr,
             base_url,
             kubeconfig,
@@ -372,11 +395,18 @@ impl Sim {
             isolation,
             objects,
             api,
-            processes,
+            kubelet,
             tasks,
             shutdown: Some(shutdown),
             _temp: temp,
-        })
+        };
+        // The node is registered before anyone is told the cluster is up.
+        sim.kubelet
+            .start()
+            .await
+            .map_err(|source| Error::Kubelet { source })?;
+        tracing::info!(base_url = %sim.base_url, kubeconfig = %sim.kubeconfig.display(), ?isolation, "simulated cluster ready");
+        Ok(sim)
     }
 
     /// `http://127.0.0.1:PORT`.
@@ -406,21 +436,7 @@ impl Sim {
 
     /// A kube client for the sim (default namespace `default`).
     pub fn client(&self) -> Result<kube::Client> {
-        // kube's TLS stack needs a process-wide provider even for plain HTTP.
-        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-        let url: http::Uri = self
-            .base_url
-            .parse()
-            .map_err(|error: http::uri::InvalidUri| Error::Client {
-                url: self.base_url.clone(),
-                source: kube::Error::Service(error.into()),
-            })?;
-        let mut config = kube::Config::new(url);
-        config.default_namespace = "default".to_owned();
-        kube::Client::try_from(config).map_err(|source| Error::Client {
-            url: self.base_url.clone(),
-            source,
-        })
+        client_for(&self.base_url, None)
     }
 
     /// Registers the project's CRDs (`agent_sandbox_api::crds::all()`), as
@@ -472,7 +488,7 @@ impl Sim {
 
     /// The pod process groups alive right now.
     pub fn live_process_groups(&self) -> usize {
-        self.processes.len()
+        self.kubelet.live_process_groups()
     }
 
     /// Stops the server, the controllers and every pod process.
@@ -484,7 +500,7 @@ impl Sim {
         self.api.abort_tasks();
         self.tasks.abort_all();
         while self.tasks.join_next().await.is_some() {}
-        self.processes.kill_all();
+        self.kubelet.stop().await;
     }
 }
 
@@ -492,6 +508,7 @@ impl Drop for Sim {
     fn drop(&mut self) {
         self.api.abort_tasks();
         self.tasks.abort_all();
-        self.processes.kill_all();
+        // The API's tasks may hold the kubelet a little longer; its processes go now.
+        self.kubelet.abort();
     }
 }

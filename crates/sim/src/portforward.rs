@@ -1,10 +1,12 @@
 //! `pods/portforward` over WebSocket with the `v4.channel.k8s.io` protocol that kube-rs speaks:
 //! for the i-th requested port, channel 2i carries data and 2i+1 errors; each channel's first
-//! frame is the port number (little endian). Data is relayed to the pod's IP.
+//! frame is the port number (little endian). Data is relayed to the pod's port through its
+//! kubelet, in process ([`agent_sandbox_kubelet::Kubelet::port_forward`]).
 
 use std::collections::HashMap;
-use std::net::IpAddr;
 use std::sync::Arc;
+
+use agent_sandbox_kubelet::{Kubelet, PodKey};
 
 use axum::body::Body;
 use axum::response::Response;
@@ -14,7 +16,6 @@ use http::{HeaderMap, HeaderValue, StatusCode, header};
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_tungstenite::WebSocketStream;
@@ -58,16 +59,17 @@ pub(crate) async fn serve(
         .get(&StorageKey::new("", "pods"), namespace, name)
         .ok_or_else(|| ApiError::not_found("", "pods", name))?;
     let running = pod.pointer("/status/phase").and_then(Value::as_str) == Some("Running");
-    let ip: IpAddr = pod
+    let has_ip = pod
         .pointer("/status/podIP")
         .and_then(Value::as_str)
-        .and_then(|ip| ip.parse().ok())
-        .filter(|_| running)
-        .ok_or_else(|| {
-            ApiError::bad_request(format!(
-                "unable to upgrade connection: pod {name} is not running"
-            ))
-        })?;
+        .is_some_and(|ip| !ip.is_empty());
+    if !(running && has_ip) {
+        return Err(ApiError::bad_request(format!(
+            "unable to upgrade connection: pod {name} is not running"
+        )));
+    }
+    let target = crate::logs::pod_key(&pod);
+    let kubelet = state.kubelet.clone();
     let ports = parse_ports(query.get("ports").map(String::as_str).unwrap_or_default())
         .map_err(ApiError::bad_request)?;
     if ports.is_empty() {
@@ -106,7 +108,7 @@ pub(crate) async fn serve(
                 let socket =
                     WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, None)
                         .await;
-                relay(socket, ip, &ports).await;
+                relay(socket, &kubelet, &target, &ports).await;
             }
             Err(error) => tracing::debug!(pod = %pod_name, %error, "port-forward upgrade failed"),
         }
@@ -121,7 +123,7 @@ fn frame(channel: u8, payload: &[u8]) -> Message {
     Message::Binary(Bytes::from(bytes))
 }
 
-async fn relay<S>(socket: WebSocketStream<S>, ip: IpAddr, ports: &[u16])
+async fn relay<S>(socket: WebSocketStream<S>, kubelet: &Kubelet, pod: &PodKey, ports: &[u16])
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -141,7 +143,7 @@ where
         {
             return;
         }
-        match TcpStream::connect((ip, *port)).await {
+        match kubelet.port_forward(pod, *port).await {
             Ok(tcp) => {
                 let (mut read, write) = tcp.into_split();
                 writers.push(Some(write));
@@ -168,9 +170,10 @@ where
             }
             Err(error) => {
                 writers.push(None);
-                let message = format!(
-                    "error forwarding port {port} to pod at {ip}: failed to connect: {error}"
-                );
+                let message = match std::error::Error::source(&error) {
+                    Some(cause) => format!("{error}: {cause}"),
+                    None => error.to_string(),
+                };
                 let _ = sink
                     .send(frame(error_channel(data), message.as_bytes()))
                     .await;

@@ -9,7 +9,6 @@ pub(crate) mod table;
 pub(crate) mod watch;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,7 +39,8 @@ const MAX_BODY: usize = 64 * 1024 * 1024;
 pub(crate) struct ApiState {
     pub(crate) objects: Arc<ApiObjects>,
     pub(crate) metrics: Arc<Metrics>,
-    pub(crate) pods_dir: PathBuf,
+    /// The node's kubelet, which serves pod logs and port-forward.
+    pub(crate) kubelet: Arc<agent_sandbox_kubelet::Kubelet>,
     /// `host:port` the server answers on.
     pub(crate) server: String,
     pub(crate) bookmark_interval: Duration,
@@ -187,6 +187,18 @@ fn output_format(headers: &HeaderMap, query: &Query) -> Format {
     }
 }
 
+/// The user agent of the sim's own kubelet (field manager `kubelet`, as a real kubelet's).
+pub(crate) const NODE_USER_AGENT: &str = "kubelet/v1.35.0-sim (kube-sim node)";
+
+/// Whether a request comes from the sim's own kubelet. Its requests are not counted: the
+/// counters show what the product's components and tests ask of the API, as they did when the
+/// kubelet wrote to the store directly.
+fn is_node(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::USER_AGENT)
+        .is_some_and(|agent| agent.as_bytes() == NODE_USER_AGENT.as_bytes())
+}
+
 fn user_agent_manager(headers: &HeaderMap) -> String {
     let agent = headers
         .get(header::USER_AGENT)
@@ -285,7 +297,12 @@ async fn resource(
     let headers = request.headers().clone();
     let sub = target.subresource.as_deref();
     let label = resource_label(&info, sub);
-    let count = |verb: &str| state.metrics.count(verb, &info.group, &label);
+    let from_node = is_node(&headers);
+    let count = |verb: &str| {
+        if !from_node {
+            state.metrics.count(verb, &info.group, &label);
+        }
+    };
 
     // Pod subresources served by the kubelet side.
     if info.builtin == Builtin::Pod
@@ -293,7 +310,8 @@ async fn resource(
     {
         if kind == "log" {
             count("get");
-            return crate::logs::serve(state, &info, &namespace, name, &query).await;
+            return crate::logs::serve(state, &state.kubelet, &info, &namespace, name, &query)
+                .await;
         }
         count("connect");
         return crate::portforward::serve(state, &namespace, name, &headers, &query, upgrade).await;
@@ -494,7 +512,12 @@ async fn collection(
     headers: &HeaderMap,
 ) -> ApiResult<Response> {
     let namespace = target.namespace.clone();
-    let count = |verb: &str| state.metrics.count(verb, &info.group, &info.plural);
+    let from_node = is_node(headers);
+    let count = |verb: &str| {
+        if !from_node {
+            state.metrics.count(verb, &info.group, &info.plural);
+        }
+    };
     if target.subresource.is_some() {
         return Err(ApiError::no_route(request.uri().path()));
     }

@@ -7,7 +7,6 @@ use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 
 use crate::jsonpath::JsonPath;
-use crate::kubelet::pod_status::display_status;
 use crate::meta;
 use crate::resources::{Builtin, ResourceInfo};
 
@@ -390,6 +389,72 @@ fn columns(list: &[Column]) -> Vec<Value> {
         .collect()
 }
 
+/// The STATUS column of `kubectl get pods` (what the API server's table printer shows).
+fn display_status(pod: &Value) -> String {
+    let status = pod.get("status").cloned().unwrap_or(Value::Null);
+    let mut reason = status
+        .get("reason")
+        .and_then(Value::as_str)
+        .or_else(|| status.get("phase").and_then(Value::as_str))
+        .unwrap_or("Pending")
+        .to_owned();
+    let init = status
+        .get("initContainerStatuses")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let mut initializing = false;
+    for (index, container) in init.iter().enumerate() {
+        let state = container.get("state").cloned().unwrap_or(Value::Null);
+        if state
+            .pointer("/terminated/exitCode")
+            .and_then(Value::as_i64)
+            == Some(0)
+        {
+            continue;
+        }
+        initializing = true;
+        reason = if let Some(r) = state.pointer("/terminated/reason").and_then(Value::as_str) {
+            format!("Init:{r}")
+        } else if let Some(r) = state
+            .pointer("/waiting/reason")
+            .and_then(Value::as_str)
+            .filter(|r| *r != "PodInitializing")
+        {
+            format!("Init:{r}")
+        } else {
+            format!("Init:{index}/{}", init.len())
+        };
+        break;
+    }
+    if !initializing {
+        let containers = status
+            .get("containerStatuses")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        let mut running = false;
+        for container in containers.iter().rev() {
+            let state = container.get("state").cloned().unwrap_or(Value::Null);
+            if let Some(r) = state.pointer("/waiting/reason").and_then(Value::as_str) {
+                reason = r.to_owned();
+            } else if let Some(r) = state.pointer("/terminated/reason").and_then(Value::as_str) {
+                reason = r.to_owned();
+            } else if state.get("running").is_some() && container.get("ready") == Some(&json!(true))
+            {
+                running = true;
+            }
+        }
+        if reason == "Completed" && running {
+            reason = "Running".to_owned();
+        }
+    }
+    if meta::is_deleting(pod) {
+        reason = "Terminating".to_owned();
+    }
+    reason
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -444,5 +509,26 @@ mod tests {
         assert_eq!(table["rows"][0]["cells"][1], json!("True"));
         assert_eq!(table["rows"][0]["cells"][2], json!("DependenciesReady"));
         assert!(table["rows"][0].get("object").is_none());
+    }
+
+    #[test]
+    fn the_status_column_reads_container_states_like_kubectl() {
+        let pod = |status: Value| json!({"metadata": {}, "status": status});
+        let running = pod(json!({"phase": "Running", "containerStatuses": [
+            {"ready": true, "state": {"running": {"startedAt": "t0"}}}]}));
+        assert_eq!(display_status(&running), "Running");
+        let pull_failed = pod(json!({"phase": "Pending", "containerStatuses": [
+            {"ready": false, "state": {"waiting": {"reason": "ErrImagePull"}}}]}));
+        assert_eq!(display_status(&pull_failed), "ErrImagePull");
+        let completed = pod(json!({"phase": "Succeeded", "containerStatuses": [
+            {"ready": false, "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]}));
+        assert_eq!(display_status(&completed), "Completed");
+        let initializing = pod(json!({"phase": "Pending",
+            "initContainerStatuses": [{"state": {"running": {}}}, {"state": {"waiting": {"reason": "PodInitializing"}}}],
+            "containerStatuses": [{"state": {"waiting": {"reason": "PodInitializing"}}}]}));
+        assert_eq!(display_status(&initializing), "Init:0/2");
+        let mut deleting = running.clone();
+        deleting["metadata"]["deletionTimestamp"] = json!("2024-01-01T00:00:00Z");
+        assert_eq!(display_status(&deleting), "Terminating");
     }
 }

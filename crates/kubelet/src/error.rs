@@ -1,0 +1,61 @@
+//! The crate's error type: what the kubelet's library API ([`crate::Kubelet`]) reports.
+
+use std::net::IpAddr;
+
+/// Errors of the kubelet.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The Node could not be registered.
+    #[error("failed to register Node {node}")]
+    RegisterNode {
+        node: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// The Node object could not be built.
+    #[error("failed to build the Node object of {node}")]
+    NodeObject {
+        node: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The node's heartbeat Lease could not be created or renewed.
+    #[error("failed to write Lease kube-node-lease/{node}")]
+    Lease {
+        node: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// Bubblewrap isolation was asked for where bubblewrap does not work.
+    #[error(
+        "bubblewrap isolation was requested but `bwrap` is missing or cannot create namespaces here"
+    )]
+    NoBwrap,
+    /// A pod's directory could not be created.
+    #[error("failed to create the pods' directory {path}")]
+    PodsDir {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// No log file of the container's previous run.
+    #[error("previous terminated container \"{container}\" in pod \"{pod}\" not found")]
+    NoPreviousLog { pod: String, container: String },
+    /// No log file of the container yet: it has not started.
+    #[error("container \"{container}\" in pod \"{pod}\" is waiting to start: ContainerCreating")]
+    NoLog { pod: String, container: String },
+    /// The pod runs on this node but has no IP (it never started, or it has stopped).
+    #[error("pod {pod} has no IP on node {node}")]
+    NoPodIp { pod: String, node: String },
+    /// A connection to a pod's port failed.
+    #[error("error forwarding port {port} to pod at {ip}: failed to connect")]
+    PortForward {
+        port: u16,
+        ip: IpAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Result with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
