@@ -1,5 +1,5 @@
 //! Compiles `src/bin/kube-sim-supervisor.rs` on its own, for the kubelet to embed (see
-//! `src/kubelet/process.rs`): pods without bubblewrap run under that supervisor wherever the sim
+//! `src/process.rs`): pods without bubblewrap run under that supervisor wherever the kubelet
 //! library is linked, so it cannot be a binary found at run time. The file uses only `std`, so
 //! plain `rustc` builds it; Cargo also builds and lints it as the `kube-sim-supervisor` target.
 

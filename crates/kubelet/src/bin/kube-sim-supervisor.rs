@@ -1,4 +1,4 @@
-//! `kube-sim-supervisor PROGRAM [ARGS...]`: what stands between the sim's kubelet and a
+//! `kube-sim-supervisor PROGRAM [ARGS...]`: what stands between the process kubelet and a
 //! container's program when pods run without bubblewrap, so that no process of a pod outlives
 //! it, whatever killed the program.
 //!
@@ -6,7 +6,7 @@
 //! Whatever PROGRAM's processes leave behind when they die (say the `setsid`ed grandchild of a
 //! runtime the OOM killer ended) is re-parented to the supervisor instead of to init, so it is
 //! still found. When PROGRAM ends, or when standard input reaches its end (the kubelet closed its
-//! end of the pipe: the pod is being killed, or the sim itself died), the supervisor kills
+//! end of the pipe: the pod is being killed, or the kubelet itself died), the supervisor kills
 //! PROGRAM and then every process left under it, round after round until it has no child at
 //! all, and exits as PROGRAM did: the same exit code, or killed by the same signal.
 //!
@@ -15,9 +15,10 @@
 //! kubelet's end of file stops it early.
 //!
 //! Only `std` and a few C library calls: `build.rs` compiles this file on its own and the
-//! kubelet embeds the executable (see `kubelet::process`), because the supervisor must exist
-//! wherever the sim library is linked (test binaries of other crates, `sandboxctl`), and a forked
-//! but not re-executed copy of the sim would keep the sim's memory alive for every pod.
+//! kubelet embeds the executable (see `process`), because the supervisor must exist wherever
+//! the kubelet library is linked (the sim, test binaries of other crates, `sandboxctl`), and a
+//! forked but not re-executed copy of the kubelet's process would keep its memory alive for
+//! every pod.
 
 // The C library calls below (prctl, signal, kill, waitpid, waitid) have no safe wrapper in std,
 // and this program may use nothing but std; every block carries a `// SAFETY:` comment.
