@@ -78,6 +78,18 @@ where
         .unwrap_or_else(|| panic!("{name} is gone while waiting for {what}"))
 }
 
+async fn wait_gone(api: &Api<Pod>, pod: &Pod) {
+    let uid = pod.uid().unwrap();
+    let condition = kube::runtime::conditions::is_deleted(&uid);
+    tokio::time::timeout(
+        PATIENCE,
+        await_condition(api.clone(), &pod.name_any(), condition),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("gave up waiting for {} to be gone", pod.name_any()))
+    .unwrap();
+}
+
 /// A pod bound to `node` (as the scheduler would have) running `script` in busybox.
 fn pod(name: &str, node: &str, script: &str, restart: &str) -> Pod {
     serde_json::from_value(json!({
@@ -359,17 +371,7 @@ async fn the_kubelet_confirms_a_deletion_once_the_processes_are_gone() {
     )
     .await
     .unwrap();
-    tokio::time::timeout(
-        PATIENCE,
-        await_condition(
-            pods.clone(),
-            "held",
-            kube::runtime::conditions::is_deleted(&ready.uid().unwrap()),
-        ),
-    )
-    .await
-    .unwrap()
-    .unwrap();
+    wait_gone(&pods, &ready).await;
 
     // Without a finalizer the confirmation removes the pod.
     pods.create(
@@ -382,17 +384,7 @@ async fn the_kubelet_confirms_a_deletion_once_the_processes_are_gone() {
     pods.delete("plain", &DeleteParams::default())
         .await
         .unwrap();
-    tokio::time::timeout(
-        PATIENCE,
-        await_condition(
-            pods.clone(),
-            "plain",
-            kube::runtime::conditions::is_deleted(&plain.uid().unwrap()),
-        ),
-    )
-    .await
-    .unwrap()
-    .unwrap();
+    wait_gone(&pods, &plain).await;
     assert_eq!(cluster.kubelet.live_process_groups(), 0);
     cluster.stop().await;
 }

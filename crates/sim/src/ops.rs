@@ -803,16 +803,12 @@ impl ApiObjects {
         // same name, say), not for this one.
         let sent_uid = meta::uid(&desired);
         if !sent_uid.is_empty() && sent_uid != meta::uid(current) {
-            return Err(ApiError::invalid(
-                &info.group,
-                &info.kind,
-                &info.plural,
-                meta::name(current),
-                vec![Cause {
-                    reason: "FieldValueInvalid",
-                    message: format!("Invalid value: \"{sent_uid}\": field is immutable"),
-                    field: "metadata.uid".to_owned(),
-                }],
+            return Err(field_error(
+                info,
+                current,
+                "FieldValueInvalid",
+                "metadata.uid",
+                format!("Invalid value: \"{sent_uid}\": field is immutable"),
             ));
         }
         let mut desired = match subresource {
@@ -866,16 +862,13 @@ impl ApiObjects {
                 .iter()
                 .any(|f| !before.contains(f))
             {
-                return Err(ApiError::invalid(
-                    &info.group,
-                    &info.kind,
-                    &info.plural,
-                    meta::name(current),
-                    vec![Cause {
-                        reason: "FieldValueForbidden",
-                        message: "Forbidden: no new finalizers can be added if the object is being deleted".into(),
-                        field: "metadata.finalizers".into(),
-                    }],
+                return Err(field_error(
+                    info,
+                    current,
+                    "FieldValueForbidden",
+                    "metadata.finalizers",
+                    "Forbidden: no new finalizers can be added if the object is being deleted"
+                        .into(),
                 ));
             }
         }
@@ -1248,6 +1241,27 @@ fn object_names(
     crd: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
 ) -> Value {
     serde_json::to_value(&crd.spec.names).unwrap_or_else(|_| json!({}))
+}
+
+/// A 422 `Invalid` about one field of `object`.
+fn field_error(
+    info: &ResourceInfo,
+    object: &Value,
+    reason: &'static str,
+    field: &str,
+    message: String,
+) -> ApiError {
+    ApiError::invalid(
+        &info.group,
+        &info.kind,
+        &info.plural,
+        meta::name(object),
+        vec![Cause {
+            reason,
+            message,
+            field: field.to_owned(),
+        }],
+    )
 }
 
 /// What a DELETE does to a stored object: remove it now, or mark it deleting (graceful pod
