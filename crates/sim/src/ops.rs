@@ -1424,6 +1424,36 @@ mod tests {
     }
 
     #[test]
+    fn a_status_patch_naming_another_uid_is_refused() {
+        let objects = fresh_objects();
+        let info = sandboxes(&objects);
+        let created = objects
+            .create(&info, "default", sandbox("s"), &opts("t"))
+            .unwrap()
+            .object;
+        let patch = |uid: &str| {
+            objects.patch(
+                &info,
+                "default",
+                "s",
+                PatchType::Merge,
+                &json!({"metadata": {"uid": uid}, "status": {"serviceFQDN": "s.default.svc"}}),
+                Subresource::Status,
+                &opts("t"),
+            )
+        };
+        let refused = patch("another-uid").unwrap_err();
+        assert_eq!((refused.code, refused.reason), (422, "Invalid"));
+        assert!(
+            refused.message.contains("metadata.uid"),
+            "{}",
+            refused.message
+        );
+        let written = patch(meta::uid(&created)).unwrap().object;
+        assert_eq!(written["status"]["serviceFQDN"], json!("s.default.svc"));
+    }
+
+    #[test]
     fn stale_resource_versions_conflict_in_updates_and_merge_patches() {
         let objects = fresh_objects();
         let info = sandboxes(&objects);
@@ -1486,7 +1516,7 @@ mod tests {
                 "default",
                 "s",
                 PatchType::Merge,
-                &json!({"status": {"replicas": 1}}),
+                &json!({"status": {"serviceFQDN": "s.default.svc"}}),
                 Subresource::Main,
                 &opts("t"),
             )
