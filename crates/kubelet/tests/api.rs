@@ -272,14 +272,23 @@ async fn the_kubelet_runs_its_pods_and_patches_their_status() {
         name: "runs".to_owned(),
         uid: ready.uid().unwrap(),
     };
-    let log: Vec<bytes::Bytes> = cluster
-        .kubelet
-        .logs(&key, "main", &LogOptions::default())
-        .await
-        .unwrap()
-        .collect()
-        .await;
-    assert_eq!(log.concat(), b"hello\n");
+    // Ready means started (no probe), not that the echo has run yet: look until it has.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let log = loop {
+        let log: Vec<bytes::Bytes> = cluster
+            .kubelet
+            .logs(&key, "main", &LogOptions::default())
+            .await
+            .unwrap()
+            .collect()
+            .await;
+        let log = log.concat();
+        if !log.is_empty() || tokio::time::Instant::now() > deadline {
+            break log;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(log, b"hello\n");
 
     // A crashing container: restarts counted, the last state kept.
     pods.create(
