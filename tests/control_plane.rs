@@ -5,8 +5,9 @@
 //! a real API server checks shows here: structural schemas and their pruning, server-side apply
 //! with field managers, RBAC verbs, the status subresource, Events, leader election on a Lease.
 //!
-//! No pod runs (no node has joined), so the pool's members stay Pending; the reconcilers must
-//! still do all their work up to that point without one error.
+//! Without a node the pool's members stay Pending, and the reconcilers must still do all their
+//! work up to that point without one error; with our kubelet joined as the one node (its own
+//! credentials, as a real node's), a warm claim runs commands through the router.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::net::TcpListener;
@@ -14,11 +15,16 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
+use agent_sandbox::{ClientOptions, ConnectionMode, ExecOptions};
 use agent_sandbox_api::{Sandbox, SandboxTemplate, SandboxWarmPool};
 use agent_sandbox_e2e::control_plane::{ControlPlane, Tools};
+use agent_sandbox_kubelet::{
+    ImageTable, Isolation, Kubelet, KubeletConfig, Program, runtime_entry,
+};
 use agent_sandbox_local::testkit::{self, Tool, http};
 use agent_sandbox_local::wait::{Check, Timeout, wait_for};
-use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::Api;
 use kube::api::ListParams;
@@ -110,19 +116,25 @@ async fn ready(url: String, what: &str) {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn deploy_installs_and_reconciles_on_a_real_api_server_with_its_own_rbac() {
-    if testkit::missing(Tool::ControlPlane) {
-        return;
-    }
-    let tools = Tools::in_dir(Tool::control_plane_dir().unwrap()).unwrap();
-    let plane = ControlPlane::start(tools, "node-1").await.unwrap();
+/// What [`install`] leaves running: the controller and the router as processes of this test,
+/// each with its own ServiceAccount's token.
+struct Installation {
+    controller: Running,
+    router: Running,
+    metrics: u16,
+    router_url: String,
+    signing_key: Vec<u8>,
+}
 
+/// `deploy/crds` and `deploy/base` applied as a user applies them, then the controller and the
+/// router started with the credentials of their ServiceAccounts (what their ClusterRoles grant
+/// must be all they need), both ready.
+async fn install(plane: &ControlPlane) -> Installation {
     // The generated CRDs: accepted (structural, every CEL rule within its cost budget) and
     // established.
-    kubectl(&plane, &["apply", "--server-side", "-k", "deploy/crds"]).await;
+    kubectl(plane, &["apply", "--server-side", "-k", "deploy/crds"]).await;
     kubectl(
-        &plane,
+        plane,
         &[
             "wait",
             "--for=condition=Established",
@@ -137,7 +149,7 @@ async fn deploy_installs_and_reconciles_on_a_real_api_server_with_its_own_rbac()
     .await;
     // deploy/base as a user applies it, every field checked against the server's schemas.
     kubectl(
-        &plane,
+        plane,
         &[
             "apply",
             "--server-side",
@@ -148,8 +160,6 @@ async fn deploy_installs_and_reconciles_on_a_real_api_server_with_its_own_rbac()
     )
     .await;
 
-    // The controller with its ServiceAccount's token: what its ClusterRole grants must be all
-    // it needs.
     let controller_kubeconfig = plane
         .service_account_kubeconfig(
             "agent-sandbox-system",
@@ -176,7 +186,7 @@ async fn deploy_installs_and_reconciles_on_a_real_api_server_with_its_own_rbac()
             .kill_on_drop(true)
             .spawn()
             .unwrap(),
-        controller_log.clone(),
+        controller_log,
     );
     ready(
         format!("http://127.0.0.1:{health}/readyz"),
@@ -184,8 +194,8 @@ async fn deploy_installs_and_reconciles_on_a_real_api_server_with_its_own_rbac()
     )
     .await;
 
-    // The router with its ServiceAccount's token: it watches Sandboxes and Pods cluster-wide,
-    // and is ready once both watches have synced.
+    // The router watches Sandboxes and Pods cluster-wide, and is ready once both watches have
+    // synced.
     let router_kubeconfig = plane
         .service_account_kubeconfig(
             "agent-sandbox-system",
@@ -194,8 +204,9 @@ async fn deploy_installs_and_reconciles_on_a_real_api_server_with_its_own_rbac()
         )
         .await
         .unwrap();
+    let signing_key = b"0123456789abcdef0123456789abcdef".to_vec();
     let key = plane.dir().join("signing-key");
-    std::fs::write(&key, "0123456789abcdef0123456789abcdef").unwrap();
+    std::fs::write(&key, &signing_key).unwrap();
     let router_port = free_port();
     let router_log = plane.dir().join("router.log");
     let router = Running(
@@ -211,17 +222,51 @@ async fn deploy_installs_and_reconciles_on_a_real_api_server_with_its_own_rbac()
             .kill_on_drop(true)
             .spawn()
             .unwrap(),
-        router_log.clone(),
+        router_log,
     );
-    ready(
-        format!("http://127.0.0.1:{router_port}/readyz"),
-        "the router",
-    )
-    .await;
+    let router_url = format!("http://127.0.0.1:{router_port}");
+    ready(format!("{router_url}/readyz"), "the router").await;
+    Installation {
+        controller,
+        router,
+        metrics,
+        router_url,
+        signing_key,
+    }
+}
 
-    // A real cluster's namespaces have their `default` ServiceAccount (the controller manager
-    // makes it) before anyone creates pods there.
-    let client = plane.client().await.unwrap();
+impl Installation {
+    /// Nothing the controller or the router did was refused: no reconcile error counted, no
+    /// error and no "forbidden" in their logs.
+    async fn assert_nothing_refused(&self) {
+        let scrape = http::get(&format!("http://127.0.0.1:{}/metrics", self.metrics))
+            .await
+            .unwrap()
+            .text();
+        let errors: Vec<&str> = scrape
+            .lines()
+            .filter(|line| {
+                line.starts_with("agent_sandbox_reconcile_errors") && !line.ends_with(" 0")
+            })
+            .collect();
+        let log = std::fs::read_to_string(&self.controller.1).unwrap_or_default();
+        assert!(errors.is_empty(), "reconcile errors: {errors:?}\n{log}");
+        for (what, log) in [
+            ("controller", &self.controller.1),
+            ("router", &self.router.1),
+        ] {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            assert!(
+                !text.to_ascii_lowercase().contains("forbidden"),
+                "the {what} was refused something:\n{text}"
+            );
+        }
+    }
+}
+
+/// `deploy/sandboxes` as a user applies it, once namespace `default` has the ServiceAccount a
+/// real cluster's namespaces get from the controller manager before anyone creates pods there.
+async fn apply_sandboxes(plane: &ControlPlane, client: &kube::Client) {
     let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), "default");
     eventually(
         "the default ServiceAccount of namespace default",
@@ -233,10 +278,8 @@ async fn deploy_installs_and_reconciles_on_a_real_api_server_with_its_own_rbac()
         },
     )
     .await;
-
-    // The sandboxes of deploy/sandboxes, as a user applies them.
     kubectl(
-        &plane,
+        plane,
         &[
             "apply",
             "--server-side",
@@ -246,6 +289,19 @@ async fn deploy_installs_and_reconciles_on_a_real_api_server_with_its_own_rbac()
         ],
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deploy_installs_and_reconciles_on_a_real_api_server_with_its_own_rbac() {
+    if testkit::missing(Tool::ControlPlane) {
+        return;
+    }
+    let tools = Tools::in_dir(Tool::control_plane_dir().unwrap()).unwrap();
+    let plane = ControlPlane::start(tools, "node-1").await.unwrap();
+    let installation = install(&plane).await;
+    let client = plane.client().await.unwrap();
+    apply_sandboxes(&plane, &client).await;
+
     let templates: Api<SandboxTemplate> = Api::namespaced(client.clone(), "default");
     assert!(
         templates
@@ -289,24 +345,133 @@ async fn deploy_installs_and_reconciles_on_a_real_api_server_with_its_own_rbac()
     })
     .await;
     assert_eq!(status.ready_replicas, 0, "no node, so no member is Ready");
+    installation.assert_nothing_refused().await;
+}
 
-    // Nothing the controller did was refused: no reconcile error counted, none logged.
-    let scrape = http::get(&format!("http://127.0.0.1:{metrics}/metrics"))
-        .await
-        .unwrap()
-        .text();
-    let errors: Vec<&str> = scrape
-        .lines()
-        .filter(|line| line.starts_with("agent_sandbox_reconcile_errors") && !line.ends_with(" 0"))
-        .collect();
-    let log = std::fs::read_to_string(&controller_log).unwrap_or_default();
-    assert!(errors.is_empty(), "reconcile errors: {errors:?}\n{log}");
-    for (what, log) in [("controller", &controller_log), ("router", &router_log)] {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        assert!(
-            !text.to_ascii_lowercase().contains("forbidden"),
-            "the {what} was refused something:\n{text}"
-        );
+/// The whole path on a real control plane with our kubelet as its one node, joined with the
+/// node's own credentials (`system:node:node-1`: the Node authorizer and NodeRestriction
+/// apply): the Node registers Ready and renews its Lease, the pool's pods run on it and turn
+/// Ready (pod IPs on loopback), a warm claim runs commands and moves files through the router,
+/// and closing the claim removes its Sandbox and pod (kube-controller-manager's garbage
+/// collector, then the kubelet's confirmation of the deletion).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_claim_runs_on_our_kubelet_through_the_router() {
+    if testkit::missing(Tool::ControlPlane) {
+        return;
     }
-    drop((controller, router));
+    let tools = Tools::in_dir(Tool::control_plane_dir().unwrap()).unwrap();
+    let plane = ControlPlane::start(tools, "node-1").await.unwrap();
+    let installation = install(&plane).await;
+    let client = plane.client().await.unwrap();
+    // deploy/base would also run the controller and the router as pods; here they run as the
+    // processes above (as pods on this node: the next tier).
+    kubectl(
+        &plane,
+        &[
+            "scale",
+            "deployment",
+            "--all",
+            "--replicas=0",
+            "--namespace=agent-sandbox-system",
+        ],
+    )
+    .await;
+
+    // The node. Pods run without bubblewrap: the pods' directories are in this test's scratch
+    // directory, which a bubblewrapped pod (with its private /tmp) might not see.
+    let runtime = testkit::workspace_binary("agent-sandbox-runtime", "sandbox-runtime").unwrap();
+    let mut images = ImageTable::with_defaults();
+    images.prepend(runtime_entry("*runtime*", Program::Path(runtime)));
+    let node = plane.node().node.clone();
+    let kubelet = Kubelet::new(
+        plane.node_client().await.unwrap(),
+        KubeletConfig {
+            images,
+            isolation: Isolation::None,
+            ..KubeletConfig::new(node.clone(), &plane.dir().join("kubelet"))
+        },
+    )
+    .unwrap();
+    kubelet.start().await.unwrap();
+    let nodes: Api<Node> = Api::all(client.clone());
+    eventually("our node to be Ready", || async {
+        let found = nodes.get_opt(&node).await.map_err(|e| e.to_string())?;
+        let ready = found
+            .as_ref()
+            .and_then(|n| n.status.as_ref())
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        if ready {
+            Ok(())
+        } else {
+            Err(format!("{:?}", found.and_then(|n| n.status)))
+        }
+    })
+    .await;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
+    let lease = leases.get(&node).await.unwrap();
+    assert_eq!(
+        lease.spec.and_then(|s| s.holder_identity).as_deref(),
+        Some(node.as_str())
+    );
+
+    apply_sandboxes(&plane, &client).await;
+    let pool: Api<SandboxWarmPool> = Api::namespaced(client.clone(), "default");
+    let replicas = pool.get(testkit::POOL).await.unwrap().spec.replicas;
+    eventually("every member of the pool Ready", || async {
+        match pool.get(testkit::POOL).await.map(|p| p.status) {
+            Ok(Some(status)) if status.ready_replicas == replicas => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    for pod in pods.list(&ListParams::default()).await.unwrap() {
+        let spec = pod.spec.clone().unwrap_or_default();
+        let status = pod.status.clone().unwrap_or_default();
+        assert_eq!(spec.node_name.as_deref(), Some(node.as_str()));
+        assert_eq!(status.phase.as_deref(), Some("Running"), "{pod:?}");
+        let ip = status.pod_ip.unwrap_or_default();
+        assert!(ip.starts_with("127."), "pod IP {ip}");
+    }
+
+    // A warm claim, straight to the router's URL, with a token minted per request.
+    let sdk = agent_sandbox::Client::from_kube(
+        client.clone(),
+        ClientOptions::default()
+            .namespace("default")
+            .connection(ConnectionMode::direct(installation.router_url.clone()))
+            .router_signing_key(installation.signing_key.clone())
+            .sandbox_ready_timeout(STEP),
+    );
+    let sandbox = sdk.create_sandbox(testkit::POOL).await.unwrap();
+    let answer = sandbox
+        .run_with(ExecOptions::shell("echo hello; echo oops >&2; exit 3"))
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            answer.stdout.as_str(),
+            answer.stderr.as_str(),
+            answer.exit_code
+        ),
+        ("hello\n", "oops\n", 3)
+    );
+    sandbox
+        .write("notes/a.txt", b"written".to_vec())
+        .await
+        .unwrap();
+    assert_eq!(&sandbox.read("notes/a.txt").await.unwrap()[..], b"written");
+    let pod_name = sandbox.pod_name().to_owned();
+    sandbox.close().await.unwrap();
+    eventually("the claim's pod to be gone", || async {
+        match pods.get_opt(&pod_name).await {
+            Ok(None) => Ok(()),
+            other => Err(format!("{:?}", other.map(|p| p.map(|p| p.status)))),
+        }
+    })
+    .await;
+
+    installation.assert_nothing_refused().await;
+    kubelet.stop().await;
 }

@@ -527,6 +527,11 @@ impl ControlPlane {
         crate::cluster::client_from(&self.admin_kubeconfig).await
     }
 
+    /// A client with the node's credentials (`system:node:<node>`), as its kubelet has.
+    pub async fn node_client(&self) -> Result<kube::Client> {
+        crate::cluster::client_from(&self.node.kubeconfig).await
+    }
+
     /// The admin's kubeconfig.
     pub fn kubeconfig(&self) -> &Path {
         &self.admin_kubeconfig

@@ -63,13 +63,25 @@ fn node_object(spec: &NodeSpec, ready_since: &str) -> Value {
     json!({
         "apiVersion": "v1",
         "kind": "Node",
+        // Only labels a kubelet may set itself: NodeRestriction refuses `node-role.*` ones.
         "metadata": {"name": name, "labels": {
             "kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
-            "kubernetes.io/arch": std::env::consts::ARCH,
-            "node-role.kubernetes.io/control-plane": ""}},
+            "kubernetes.io/arch": go_arch(std::env::consts::ARCH)}},
         "spec": {},
         "status": node_status(spec, ready_since),
     })
+}
+
+/// The architecture as Kubernetes names it (Go's `GOARCH`: `amd64`, not Rust's `x86_64`), which
+/// is what `kubernetes.io/arch` node selectors ask for.
+fn go_arch(rust_arch: &str) -> &str {
+    match rust_arch {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "x86" => "386",
+        "loongarch64" => "loong64",
+        other => other,
+    }
 }
 
 /// Registers the Node (or takes over an existing one of the same name) and writes its status

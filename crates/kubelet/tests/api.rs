@@ -117,6 +117,17 @@ async fn the_kubelet_registers_its_node_and_renews_its_lease() {
     let nodes: Api<Node> = Api::all(client.clone());
     let node = nodes.get(NODE).await.unwrap();
     assert_eq!(node.labels()["kubernetes.io/hostname"], NODE);
+    // Go's architecture names, as node selectors use them.
+    #[cfg(target_arch = "x86_64")]
+    assert_eq!(node.labels()["kubernetes.io/arch"], "amd64");
+    // No label NodeRestriction forbids a kubelet to set on its own Node.
+    assert!(
+        node.labels()
+            .keys()
+            .all(|key| !key.starts_with("node-role.kubernetes.io/")),
+        "{:?}",
+        node.labels()
+    );
     let status = node.status.clone().unwrap();
     let quantity = |map: &Option<BTreeMap<String, Quantity>>, key: &str| {
         map.as_ref().and_then(|m| m.get(key)).map(|q| q.0.clone())
