@@ -19,7 +19,7 @@ use agent_sandbox::{ClientOptions, ConnectionMode, ExecOptions};
 use agent_sandbox_api::{Sandbox, SandboxTemplate, SandboxWarmPool};
 use agent_sandbox_e2e::control_plane::{ControlPlane, Tools};
 use agent_sandbox_kubelet::{
-    ImageTable, Isolation, Kubelet, KubeletConfig, Program, runtime_entry,
+    ApiServing, ImageTable, Isolation, Kubelet, KubeletConfig, Program, runtime_entry,
 };
 use agent_sandbox_local::testkit::{self, Tool, http};
 use agent_sandbox_local::wait::{Check, Timeout, wait_for};
@@ -27,7 +27,9 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::Api;
-use kube::api::ListParams;
+use kube::ResourceExt;
+use kube::api::{ListParams, LogParams};
+use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
 
 /// Within this, every step below happens on a machine of ours (usually in well under a tenth).
 const STEP: Duration = Duration::from_secs(60);
@@ -382,12 +384,20 @@ async fn a_warm_claim_runs_on_our_kubelet_through_the_router() {
     let runtime = testkit::workspace_binary("agent-sandbox-runtime", "sandbox-runtime").unwrap();
     let mut images = ImageTable::with_defaults();
     images.prepend(runtime_entry("*runtime*", Program::Path(runtime)));
-    let node = plane.node().node.clone();
+    let credentials = plane.node().clone();
+    let node = credentials.node.clone();
     let kubelet = Kubelet::new(
         plane.node_client().await.unwrap(),
         KubeletConfig {
             images,
             isolation: Isolation::None,
+            // The kubelet API, which the API server calls for logs and port-forward.
+            api: Some(ApiServing {
+                listen: "127.0.0.1:0".parse().unwrap(),
+                cert: credentials.serving_cert.clone(),
+                key: credentials.serving_key.clone(),
+                client_ca: credentials.client_ca.clone(),
+            }),
             ..KubeletConfig::new(node.clone(), &plane.dir().join("kubelet"))
         },
     )
@@ -434,6 +444,70 @@ async fn a_warm_claim_runs_on_our_kubelet_through_the_router() {
         let ip = status.pod_ip.unwrap_or_default();
         assert!(ip.starts_with("127."), "pod IP {ip}");
     }
+
+    // The kubelet API through the API server, as `kubectl logs` and `kubectl port-forward`
+    // reach it: a member's log, and its runtime's port.
+    let member = pods
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .first()
+        .map(ResourceExt::name_any)
+        .unwrap();
+    let log = pods.logs(&member, &LogParams::default()).await.unwrap();
+    assert!(log.contains("sandbox runtime listening on"), "{log}");
+    let log = kubectl(
+        &plane,
+        &["logs", "--namespace=default", "--tail=50", &member],
+    )
+    .await;
+    assert!(log.contains("sandbox runtime listening on"), "{log}");
+    let mut forwarder = pods.portforward(&member, &[8888]).await.unwrap();
+    let mut stream = forwarder.take_stream(8888).unwrap();
+    stream
+        .write_all(b"GET /v1/health HTTP/1.1\r\nHost: pod\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(STEP, stream.read_to_end(&mut answer))
+        .await
+        .unwrap()
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    drop(stream);
+    forwarder.abort();
+    // kubectl's port-forward: WebSocket to the API server, which speaks SPDY to the kubelet.
+    let mut forward = tokio::process::Command::new(plane.tools().path("kubectl"))
+        .arg("--kubeconfig")
+        .arg(plane.kubeconfig())
+        .args(["port-forward", "--namespace=default", "--address=127.0.0.1"])
+        .arg(format!("pod/{member}"))
+        .arg(":8888")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(forward.stdout.take().unwrap()).lines();
+    let first = tokio::time::timeout(STEP, lines.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap_or_default();
+    // "Forwarding from 127.0.0.1:PORT -> 8888"
+    let local = first
+        .strip_prefix("Forwarding from ")
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("kubectl port-forward said {first:?}"))
+        .to_owned();
+    let health = http::get(&format!("http://{local}/v1/health"))
+        .await
+        .unwrap();
+    assert_eq!(health.status, 200, "{}", health.text());
+    forward.kill().await.unwrap();
 
     // A warm claim, straight to the router's URL, with a token minted per request.
     let sdk = agent_sandbox::Client::from_kube(

@@ -55,6 +55,23 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A file of the kubelet API's TLS configuration could not be read.
+    #[error("failed to read {path} for the kubelet API")]
+    ApiFile {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The kubelet API's certificates or key are unusable.
+    #[error("the kubelet API's TLS configuration is unusable: {0}")]
+    ApiTls(String),
+    /// The kubelet API's address could not be bound.
+    #[error("failed to listen on {addr} for the kubelet API")]
+    ApiBind {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Result with [`Error`].

@@ -4,7 +4,7 @@
 //! port-forward). Everything it knows about the cluster comes through its `kube::Client`.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -26,6 +26,7 @@ use crate::images::ImageTable;
 use crate::logs::{self, LogOptions, LogStream};
 use crate::node::{self, NodeSpec, error_chain};
 use crate::process::{Isolation, ProcessTable};
+use crate::server::{self, ApiServing};
 
 /// How to run a kubelet.
 #[derive(Clone, Debug)]
@@ -53,6 +54,9 @@ pub struct KubeletConfig {
     pub kubelet_port: Option<u16>,
     /// The executable next to which named programs are looked up (default: this process's).
     pub exe: Option<PathBuf>,
+    /// Serve the kubelet API over HTTPS (logs, port-forward) for a real API server to call;
+    /// the Node then publishes its port instead of `kubelet_port`.
+    pub api: Option<ApiServing>,
 }
 
 impl KubeletConfig {
@@ -72,6 +76,7 @@ impl KubeletConfig {
             node_status_interval: Duration::from_secs(60),
             kubelet_port: None,
             exe: std::env::current_exe().ok(),
+            api: None,
         }
     }
 }
@@ -79,6 +84,9 @@ impl KubeletConfig {
 /// What the kubelet knows of a pod it runs, for the kubelet API.
 #[derive(Debug, Default)]
 pub(crate) struct PodRuntime {
+    /// The pod's namespace and name, which the kubelet API's paths give.
+    pub(crate) namespace: String,
+    pub(crate) name: String,
     pub(crate) ip: Option<Ipv4Addr>,
     /// Names of the containers running now.
     pub(crate) running: BTreeSet<String>,
@@ -112,10 +120,29 @@ impl std::fmt::Debug for Context {
 }
 
 impl Context {
-    /// Edits what the kubelet API knows of pod `uid`.
-    pub(crate) fn update_pod(&self, uid: &str, change: impl FnOnce(&mut PodRuntime)) {
+    /// Edits what the kubelet API knows of pod `key`.
+    pub(crate) fn update_pod(&self, key: &PodKey, change: impl FnOnce(&mut PodRuntime)) {
         let mut pods = self.pods.lock().unwrap_or_else(PoisonError::into_inner);
-        change(pods.entry(uid.to_owned()).or_default());
+        let pod = pods.entry(key.uid.clone()).or_default();
+        if pod.name.is_empty() {
+            pod.namespace.clone_from(&key.namespace);
+            pod.name.clone_from(&key.name);
+        }
+        change(pod);
+    }
+
+    /// The pod `namespace/name` this kubelet runs, if it runs one of that name.
+    pub(crate) fn find_pod(&self, namespace: &str, name: &str) -> Option<PodKey> {
+        self.pods
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .find(|(_, pod)| pod.namespace == namespace && pod.name == name)
+            .map(|(uid, pod)| PodKey {
+                namespace: pod.namespace.clone(),
+                name: pod.name.clone(),
+                uid: uid.clone(),
+            })
     }
 
     /// Forgets pod `uid` (its worker has ended).
@@ -126,7 +153,7 @@ impl Context {
             .remove(uid);
     }
 
-    fn pod_ip(&self, uid: &str) -> Option<Ipv4Addr> {
+    pub(crate) fn pod_ip(&self, uid: &str) -> Option<Ipv4Addr> {
         self.pods
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -144,6 +171,9 @@ pub struct Kubelet {
     heartbeat: Duration,
     node_status_every: Duration,
     events_rx: Mutex<Option<mpsc::UnboundedReceiver<Value>>>,
+    /// The kubelet API's listener, until [`Kubelet::start`] serves it.
+    api: Mutex<Option<server::Bound>>,
+    api_addr: Option<SocketAddr>,
     tasks: Mutex<JoinSet<()>>,
 }
 
@@ -158,6 +188,9 @@ impl Kubelet {
                 source,
             })?;
         }
+        let api = config.api.as_ref().map(server::bind).transpose()?;
+        let api_addr = api.as_ref().and_then(server::Bound::local_addr);
+        let kubelet_port = api_addr.map(|addr| addr.port()).or(config.kubelet_port);
         let (events, events_rx) = Recorder::new(&config.node_name);
         let ctx = Arc::new(Context {
             client,
@@ -176,12 +209,14 @@ impl Kubelet {
             ctx,
             spec: NodeSpec {
                 name: config.node_name,
-                kubelet_port: config.kubelet_port,
+                kubelet_port,
                 lease_duration: config.lease_duration,
             },
             heartbeat: config.heartbeat_interval,
             node_status_every: config.node_status_interval,
             events_rx: Mutex::new(Some(events_rx)),
+            api: Mutex::new(api),
+            api_addr,
             tasks: Mutex::new(JoinSet::new()),
         })
     }
@@ -207,6 +242,14 @@ impl Kubelet {
             .take()
         {
             tasks.spawn(events::post(client, events_rx));
+        }
+        if let Some(api) = self
+            .api
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            tasks.spawn(server::serve(api, self.ctx.clone()));
         }
         tasks.spawn(Pods::new(self.ctx.clone()).run());
         Ok(())
@@ -238,17 +281,12 @@ impl Kubelet {
         container: &str,
         options: &LogOptions,
     ) -> Result<LogStream> {
-        let paths = logs::pod_paths(&self.ctx.pods_dir, &pod.namespace, &pod.name, &pod.uid);
-        let ctx = self.ctx.clone();
-        let (uid, name) = (pod.uid.clone(), container.to_owned());
-        let running = move || {
-            ctx.pods
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .get(&uid)
-                .is_some_and(|pod| pod.running.contains(&name))
-        };
-        logs::read(&paths, &pod.name, container, options, running).await
+        read_logs(&self.ctx, pod, container, options).await
+    }
+
+    /// Where the kubelet API listens, when it serves one ([`KubeletConfig::api`]).
+    pub fn api_addr(&self) -> Option<SocketAddr> {
+        self.api_addr
     }
 
     /// A connection to `port` of the pod (`pods/portforward`): to its IP, as the kubelet's
@@ -290,6 +328,26 @@ impl Drop for Kubelet {
     fn drop(&mut self) {
         self.abort();
     }
+}
+
+/// The log of `container` of `pod`, for [`Kubelet::logs`] and the kubelet API.
+pub(crate) async fn read_logs(
+    ctx: &Arc<Context>,
+    pod: &PodKey,
+    container: &str,
+    options: &LogOptions,
+) -> Result<LogStream> {
+    let paths = logs::pod_paths(&ctx.pods_dir, &pod.namespace, &pod.name, &pod.uid);
+    let ctx = ctx.clone();
+    let (uid, name) = (pod.uid.clone(), container.to_owned());
+    let running = move || {
+        ctx.pods
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&uid)
+            .is_some_and(|pod| pod.running.contains(&name))
+    };
+    logs::read(&paths, &pod.name, container, options, running).await
 }
 
 /// Which pod: namespace, name and uid (a recreated pod of the same name is another pod).

@@ -10,7 +10,8 @@
 //! logs to disk ([`logs`]) and, on deletion, stops the processes before confirming. The kubelet
 //! API's pieces: logs and port-forward in process ([`Kubelet::logs`], [`Kubelet::port_forward`]),
 //! and its streaming protocols — [`spdy`] sessions and [`portforward`] over them, as the API
-//! server speaks them to a kubelet for `kubectl port-forward`.
+//! server speaks them to a kubelet for `kubectl port-forward` — served over HTTPS with
+//! client-certificate authentication for a real API server to call ([`server`]).
 
 // The module map above links the private modules, for readers of the source.
 #![allow(rustdoc::private_intra_doc_links)]
@@ -27,6 +28,7 @@ mod pod_status;
 pub mod portforward;
 mod probe;
 mod process;
+mod server;
 pub mod spdy;
 
 pub use error::{Error, Result};
@@ -34,3 +36,4 @@ pub use images::{DefaultReadiness, ImageEntry, ImageTable, Program, runtime_entr
 pub use kubelet::{Kubelet, KubeletConfig, PodKey};
 pub use logs::{LogOptions, LogStream};
 pub use process::{Isolation, bwrap_available};
+pub use server::ApiServing;

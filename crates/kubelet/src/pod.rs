@@ -435,8 +435,7 @@ impl Worker {
         }
         self.info.pod_ip = Some(ip.0.to_string());
         self.info.start_time = Some(now());
-        self.ctx
-            .update_pod(&self.key.uid, |pod| pod.ip = Some(ip.0));
+        self.ctx.update_pod(&self.key, |pod| pod.ip = Some(ip.0));
         if self.init_specs.is_empty() {
             self.start_main().await;
         } else {
@@ -897,7 +896,7 @@ impl Worker {
             }
         };
         let pid = running.guard.pgid();
-        self.ctx.update_pod(&self.key.uid, |pod| {
+        self.ctx.update_pod(&self.key, |pod| {
             pod.running.insert(name.clone());
         });
         let started_at = now();
@@ -987,7 +986,7 @@ impl Worker {
             .and_then(|c| c.get("name"))
             .and_then(Value::as_str)
         {
-            self.ctx.update_pod(&self.key.uid, |pod| {
+            self.ctx.update_pod(&self.key, |pod| {
                 pod.running.remove(name);
             });
         }

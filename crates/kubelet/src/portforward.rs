@@ -1,22 +1,67 @@
-//! Port-forward to a pod over SPDY/3.1 (`X-Stream-Protocol-Version: portforward.k8s.io`), the
-//! protocol the API server speaks to a kubelet for `kubectl port-forward`: per forwarded
-//! connection the client opens an `error` stream and a `data` stream with the same `port` and
-//! `requestID` headers; the data stream is relayed to that port of the pod's IP, and a failure
-//! to connect is written to the error stream. Both streams are closed when the connection ends.
+//! Port-forward to a pod, in the two protocols a kubelet speaks for `pods/portforward`:
+//!
+//! - SPDY/3.1 (`X-Stream-Protocol-Version: portforward.k8s.io`), what the API server speaks to
+//!   a kubelet for `kubectl port-forward`: per forwarded connection the client opens an `error`
+//!   stream and a `data` stream with the same `port` and `requestID` headers; the data stream is
+//!   relayed to that port of the pod's IP, and a failure to connect is written to the error
+//!   stream. Both streams are closed when the connection ends ([`serve_spdy`]).
+//! - WebSocket with the `v4.channel.k8s.io` subprotocol, which kube-rs speaks and the API server
+//!   passes through: for the i-th requested port (`?ports=`), channel 2i carries data and 2i+1
+//!   errors; each channel's first frame is the port number, little endian
+//!   ([`serve_websocket`]).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
+use futures::{SinkExt as _, StreamExt as _};
+use http::HeaderMap;
+use http::header as http_header;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 
 use crate::spdy::{self, SessionError, Stream};
 
 /// The `X-Stream-Protocol-Version` of port-forward over SPDY.
 pub const SPDY_PROTOCOL: &str = "portforward.k8s.io";
+
+/// The WebSocket subprotocol of port-forward.
+pub const WEBSOCKET_PROTOCOL: &str = "v4.channel.k8s.io";
+
+/// Parses `ports=8888,9000` (repeated or comma-separated).
+pub fn parse_ports(raw: &str) -> Result<Vec<u16>, String> {
+    raw.split(',')
+        .filter(|p| !p.trim().is_empty())
+        .map(|p| {
+            p.trim()
+                .parse::<u16>()
+                .ok()
+                .filter(|p| *p > 0)
+                .ok_or_else(|| format!("invalid port {p:?}"))
+        })
+        .collect()
+}
+
+/// The `Sec-WebSocket-Accept` answer to a request asking for a WebSocket upgrade with
+/// [`WEBSOCKET_PROTOCOL`], or `None` when it does not ask for one.
+pub fn websocket_accept(headers: &HeaderMap) -> Option<String> {
+    let is_websocket = headers
+        .get(http_header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    let offers_protocol = headers
+        .get_all(http_header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.split(',').any(|p| p.trim() == WEBSOCKET_PROTOCOL));
+    let key = headers.get(http_header::SEC_WEBSOCKET_KEY)?;
+    (is_websocket && offers_protocol).then(|| derive_accept_key(key.as_bytes()))
+}
 
 /// Header names of a port-forward stream (lower case, as SPDY carries them).
 mod header {
@@ -146,6 +191,120 @@ async fn forward(mut data: Stream, error: Stream, pod_ip: IpAddr) {
     };
     tokio::join!(upstream, downstream);
     let _ = error.outgoing.finish().await;
+}
+
+fn frame(channel: u8, payload: &[u8]) -> Message {
+    let mut bytes = Vec::with_capacity(payload.len() + 1);
+    bytes.push(channel);
+    bytes.extend_from_slice(payload);
+    Message::Binary(Bytes::from(bytes))
+}
+
+/// Relays an upgraded WebSocket connection speaking [`WEBSOCKET_PROTOCOL`] to `ports` of a
+/// pod, each reached through `connect`, until the client closes it or the pod has closed every
+/// connection.
+pub async fn serve_websocket<S, C, F>(socket: WebSocketStream<S>, ports: &[u16], connect: C)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    C: Fn(u16) -> F,
+    F: std::future::Future<Output = crate::Result<TcpStream>>,
+{
+    let (mut sink, mut stream) = socket.split();
+    let (from_pods, mut from_pods_rx) = mpsc::channel::<(u8, Option<Bytes>)>(64);
+    let mut readers = JoinSet::new();
+    let mut writers = Vec::new();
+    let mut open = 0usize;
+    for (index, port) in ports.iter().enumerate() {
+        let Ok(data) = u8::try_from(index * 2) else {
+            break;
+        };
+        let error = data + 1;
+        let port_bytes = port.to_le_bytes();
+        if sink.send(frame(data, &port_bytes)).await.is_err()
+            || sink.send(frame(error, &port_bytes)).await.is_err()
+        {
+            return;
+        }
+        match connect(*port).await {
+            Ok(tcp) => {
+                let (mut read, write) = tcp.into_split();
+                writers.push(Some(write));
+                open += 1;
+                let tx = from_pods.clone();
+                readers.spawn(async move {
+                    let mut buffer = vec![0u8; 64 * 1024];
+                    loop {
+                        match read.read(&mut buffer).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => {
+                                if tx
+                                    .send((data, Some(Bytes::copy_from_slice(&buffer[..n]))))
+                                    .await
+                                    .is_err()
+                                {
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                    let _ = tx.send((data, None)).await;
+                });
+            }
+            Err(error) => {
+                writers.push(None);
+                let message = match std::error::Error::source(&error) {
+                    Some(cause) => format!("{error}: {cause}"),
+                    None => error.to_string(),
+                };
+                let _ = sink
+                    .send(frame(error_channel(data), message.as_bytes()))
+                    .await;
+            }
+        }
+    }
+    if open == 0 {
+        let _ = sink.send(Message::Close(None)).await;
+        return;
+    }
+    loop {
+        tokio::select! {
+            message = stream.next() => match message {
+                Some(Ok(Message::Binary(bytes))) if !bytes.is_empty() => {
+                    let channel = usize::from(bytes[0]);
+                    if channel % 2 == 0
+                        && let Some(Some(writer)) = writers.get_mut(channel / 2)
+                        && writer.write_all(&bytes[1..]).await.is_err()
+                    {
+                        writers[channel / 2] = None;
+                    }
+                }
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => break,
+                Some(Ok(_)) => {}
+            },
+            Some((channel, data)) = from_pods_rx.recv() => match data {
+                Some(bytes) => {
+                    if sink.send(frame(channel, &bytes)).await.is_err() {
+                        break;
+                    }
+                }
+                None => {
+                    open -= 1;
+                    if open == 0 {
+                        // Like the kubelet: when every forwarded connection is closed by the pod,
+                        // the stream ends.
+                        break;
+                    }
+                }
+            },
+        }
+    }
+    readers.abort_all();
+    // Completes the closing handshake (flushes the reply to a client's Close frame).
+    let _ = sink.close().await;
+}
+
+fn error_channel(data: u8) -> u8 {
+    data + 1
 }
 
 #[cfg(test)]
@@ -318,5 +477,13 @@ mod tests {
             matches!(outcome, Err(SessionError::Codec(_))),
             "{outcome:?}"
         );
+    }
+
+    #[test]
+    fn ports_parse() {
+        assert_eq!(parse_ports("8888,9000"), Ok(vec![8888, 9000]));
+        assert!(parse_ports("0").is_err());
+        assert!(parse_ports("http").is_err());
+        assert_eq!(parse_ports(""), Ok(vec![]));
     }
 }
