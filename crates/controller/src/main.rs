@@ -6,17 +6,30 @@
 
 use std::process::ExitCode;
 
+use agent_sandbox_api::exit;
 use agent_sandbox_controller::{Args, Error};
 use clap::Parser;
 
 /// Exit code of a configuration error.
-const CONFIGURATION_ERROR: u8 = 2;
+const CONFIGURATION_ERROR: u8 = exit::CONFIGURATION;
 /// Exit code of a failure while running (CRDs missing, leadership lost, a listener failed).
 const RUN_ERROR: u8 = 1;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let args = Args::parse();
+    let args = match Args::try_parse() {
+        Ok(args) => args,
+        // --help and --version print to stdout and exit 0.
+        Err(error) if !error.use_stderr() => error.exit(),
+        Err(error) => {
+            // clap's error as one line (it names the flag), without its usage paragraphs.
+            eprintln!(
+                "{}",
+                exit::usage_line(&error.render().to_string(), "agent-sandbox-controller")
+            );
+            return ExitCode::from(CONFIGURATION_ERROR);
+        }
+    };
     init_tracing(&args.log_format);
     // kube and reqwest both use rustls; name the one provider explicitly.
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
@@ -31,24 +44,20 @@ async fn main() -> ExitCode {
                 CONFIGURATION_ERROR,
                 &format!(
                     "{}; set KUBECONFIG to a readable kubeconfig, or run in a pod",
-                    Error::Client(error)
+                    exit::error_line(&Error::Client(error))
                 ),
             );
         }
     };
     match agent_sandbox_controller::run(client, config, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
-        Err(error) => fail(RUN_ERROR, &error.to_string()),
+        Err(error) => fail(RUN_ERROR, &exit::error_line(&error)),
     }
 }
 
 /// Prints `message` as one line and gives the exit code.
 fn fail(code: u8, message: &str) -> ExitCode {
-    let line: Vec<&str> = message
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect();
+    let line: Vec<&str> = message.split_whitespace().collect();
     eprintln!("agent-sandbox-controller: error: {}", line.join(" "));
     ExitCode::from(code)
 }

@@ -112,9 +112,10 @@ fn malformed_flags_exit_2_without_a_backtrace() {
             !stderr.to_lowercase().contains("backtrace"),
             "{args:?}: {stderr}"
         );
-        let first = stderr.lines().next().unwrap_or_default();
+        let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "{args:?}: one line, not:\n{stderr}");
         assert!(
-            first.starts_with("error:") && first.contains(args[0]),
+            lines[0].starts_with("error:") && lines[0].contains(args[0]),
             "{args:?}: {stderr}"
         );
     }
