@@ -21,6 +21,10 @@ pub enum Target {
     Sim,
     /// A cluster with `deploy/` installed, reached with this kubeconfig.
     Kubeconfig(PathBuf),
+    /// A real control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler from
+    /// `cargo xtask tools`, found on `PATH`) with our kubelet as its node, set up by the suite
+    /// as `deploy/` sets up a cluster.
+    ControlPlane,
     /// A throwaway k3s in Docker (feature `k3s`), with the images of this archive (`docker
     /// save`; default [`env::IMAGES`]).
     K3s {
@@ -35,6 +39,7 @@ impl Target {
         match self {
             Self::Sim => "the simulated cluster".to_owned(),
             Self::Kubeconfig(path) => format!("the cluster of kubeconfig {}", path.display()),
+            Self::ControlPlane => CONTROL_PLANE.to_owned(),
             Self::K3s { .. } => "a throwaway k3s (testcontainers)".to_owned(),
         }
     }
@@ -44,6 +49,7 @@ impl Target {
         let kind = std::env::var(env::CLUSTER).unwrap_or_default();
         match kind.as_str() {
             "" | "sim" => Ok(Self::Sim),
+            "control-plane" => Ok(Self::ControlPlane),
             "k3s" => Ok(Self::K3s {
                 images: std::env::var_os(env::IMAGES).map(PathBuf::from),
             }),
@@ -64,7 +70,7 @@ impl Target {
                 Ok(Self::Kubeconfig(path))
             }
             other => Err(Error::Config(format!(
-                "{}={other:?} is not a cluster kind: use sim, kubeconfig or k3s",
+                "{}={other:?} is not a cluster kind: use sim, control-plane, kubeconfig or k3s",
                 env::CLUSTER
             ))),
         }
@@ -124,9 +130,13 @@ pub enum NetworkEnforcement {
     NotEnforced(String),
 }
 
+/// How [`Target::ControlPlane`] describes itself.
+const CONTROL_PLANE: &str = "the control-plane tier (kube-apiserver, etcd, kube-controller-manager, kube-scheduler; our kubelet as the node)";
+
 /// What keeps the cluster alive while the run lasts.
 enum Backing {
     Sim(Box<agent_sandbox_local::LocalCluster>),
+    ControlPlane(Box<crate::plane_target::PlaneCluster>),
     #[cfg(feature = "k3s")]
     K3s(Box<crate::k3s::K3sCluster>),
     External,
@@ -207,6 +217,33 @@ impl ClusterUnderTest {
                     sim.router_pod_url().map(str::to_owned),
                     Some((namespace.clone(), agent_sandbox_local::GATEWAY.to_owned())),
                     Backing::Sim(Box::new(sim)),
+                )
+            }
+            Target::ControlPlane => {
+                let bin_dir =
+                    agent_sandbox_local::testkit::Tool::control_plane_dir().ok_or_else(|| {
+                        Error::Config(
+                            agent_sandbox_local::testkit::Tool::ControlPlane
+                                .unavailable()
+                                .unwrap_or_else(|| {
+                                    "the control plane's binaries are missing".to_owned()
+                                }),
+                        )
+                    })?;
+                let plane = crate::plane_target::PlaneCluster::start(&bin_dir).await?;
+                (
+                    CONTROL_PLANE.to_owned(),
+                    plane.client().await?,
+                    plane.kubeconfig(),
+                    NetworkEnforcement::NotEnforced(
+                        "the control-plane tier runs pods as host processes on loopback \
+                         addresses, without a CNI: the API server stores and validates \
+                         NetworkPolicies, but nothing enforces them"
+                            .to_owned(),
+                    ),
+                    Some(plane.router_url().to_owned()),
+                    None,
+                    Backing::ControlPlane(Box::new(plane)),
                 )
             }
             Target::Kubeconfig(path) => {
@@ -478,10 +515,12 @@ impl ClusterUnderTest {
         Ok(left)
     }
 
-    /// Stops what the run started (the sim, k3s); a kubeconfig cluster is left as it was.
+    /// Stops what the run started (the sim, the control plane, k3s); a kubeconfig cluster is
+    /// left as it was.
     pub async fn stop(self) {
         match self.backing {
             Backing::Sim(sim) => sim.stop().await,
+            Backing::ControlPlane(plane) => plane.stop().await,
             #[cfg(feature = "k3s")]
             Backing::K3s(k3s) => k3s.stop().await,
             Backing::External => {}

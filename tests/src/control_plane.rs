@@ -135,7 +135,7 @@ impl std::fmt::Debug for ControlPlane {
 }
 
 /// A port on 127.0.0.1 that nothing listened on a moment ago.
-fn free_port() -> Result<u16> {
+pub(crate) fn free_port() -> Result<u16> {
     let listener =
         TcpListener::bind("127.0.0.1:0").map_err(Error::io("bind a free port on", "127.0.0.1"))?;
     let port = listener
@@ -509,7 +509,14 @@ impl ControlPlane {
             async move {
                 alive?;
                 let seen = match http::Request::get("/readyz").body(Vec::new()) {
-                    Ok(request) => match client.request_text(request).await {
+                    // kube logs each refused connection as an error; here they are expected
+                    // until the server is up, and the last one is in the timeout's message.
+                    Ok(request) => match tracing::instrument::WithSubscriber::with_subscriber(
+                        client.request_text(request),
+                        tracing::subscriber::NoSubscriber::default(),
+                    )
+                    .await
+                    {
                         Ok(text) if text.trim() == "ok" => return Ok(Check::Done(())),
                         Ok(text) => text,
                         Err(error) => error.to_string(),
@@ -530,6 +537,34 @@ impl ControlPlane {
     /// A client with the node's credentials (`system:node:<node>`), as its kubelet has.
     pub async fn node_client(&self) -> Result<kube::Client> {
         crate::cluster::client_from(&self.node.kubeconfig).await
+    }
+
+    /// Runs `kubectl` (the one of [`Tools`]) as the admin in the workspace's root, so that
+    /// paths such as `deploy/base` resolve; its output, or an error with kubectl's own words.
+    pub async fn kubectl(&self, args: &[&str]) -> Result<String> {
+        let kubectl = self.tools.path("kubectl");
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .unwrap_or(Path::new("."));
+        let output = tokio::process::Command::new(&kubectl)
+            .arg("--kubeconfig")
+            .arg(&self.admin_kubeconfig)
+            .args(args)
+            .current_dir(root)
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .output()
+            .await
+            .map_err(Error::io("run", &kubectl))?;
+        if !output.status.success() {
+            return Err(Error::Config(format!(
+                "kubectl {} failed: {}{}",
+                args.join(" "),
+                String::from_utf8_lossy(&output.stdout).trim(),
+                String::from_utf8_lossy(&output.stderr).trim()
+            )));
+        }
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     }
 
     /// The admin's kubeconfig.

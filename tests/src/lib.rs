@@ -6,6 +6,9 @@
 //!   `deploy/` sets up a real one (a scoped-token router behind `sandbox-router-svc` in
 //!   `agent-sandbox-system`, its signing key in a Secret, the `deploy/sandboxes` template and
 //!   pool in `default`);
+//! - [`Target::ControlPlane`]: a real control plane from `cargo xtask tools`' binaries with our
+//!   kubelet as its node, `deploy/` applied, the controller and router with their
+//!   ServiceAccounts' credentials;
 //! - [`Target::Kubeconfig`]: any cluster where `deploy/` is installed (`cargo xtask cluster up`);
 //! - [`Target::K3s`] (feature `k3s`): a throwaway k3s in Docker with the controller and router
 //!   as local processes.
@@ -20,6 +23,7 @@ pub mod control_plane;
 mod error;
 #[cfg(feature = "k3s")]
 mod k3s;
+mod plane_target;
 pub mod runner;
 pub mod scenarios;
 mod sim;
@@ -30,7 +34,7 @@ pub use error::{Error, Result};
 
 /// Environment variables that choose and describe the cluster (`cargo xtask e2e` sets them).
 pub mod env {
-    /// `sim` (default), `kubeconfig` or `k3s`.
+    /// `sim` (default), `control-plane`, `kubeconfig` or `k3s`.
     pub const CLUSTER: &str = "AGENT_SANDBOX_E2E_CLUSTER";
     /// The kubeconfig of `kubeconfig` mode (default: `KUBECONFIG`, then `~/.kube/config`).
     pub const KUBECONFIG: &str = "AGENT_SANDBOX_E2E_KUBECONFIG";

@@ -36,6 +36,7 @@ fn parse(args: impl Iterator<Item = String>) -> Result<Args, String> {
         match arg.as_str() {
             "--list" => parsed.list = true,
             "--sim" => parsed.target = Some(Target::Sim),
+            "--control-plane" => parsed.target = Some(Target::ControlPlane),
             "--k3s" => {
                 if !matches!(parsed.target, Some(Target::K3s { .. })) {
                     parsed.target = Some(Target::K3s { images: None });

@@ -3,6 +3,8 @@
 //! cluster on to it (`-- --sim | --kubeconfig PATH | --k3s --images TAR`).
 //!
 //! - default / `--sim`: the simulated cluster, started by the suite (no Docker);
+//! - `--control-plane`: a real control plane from `cargo xtask tools` (built first when missing,
+//!   then first on the suite's `PATH`) with our kubelet as its node, started by the suite;
 //! - `--kubeconfig PATH`: a cluster where `deploy/` is installed (`cargo xtask cluster up`);
 //! - `--k3s`: builds the images, saves them to `target/e2e-images.tar`, and lets the suite start
 //!   a throwaway k3s with testcontainers (needs Docker and kubectl).
@@ -18,6 +20,7 @@ use crate::images;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Target {
     Sim,
+    ControlPlane,
     Kubeconfig(PathBuf),
     K3s,
 }
@@ -45,6 +48,7 @@ pub(crate) fn cargo_args(options: &Options, images: Option<&Path>) -> Vec<String
     args.push("--".to_owned());
     match &options.target {
         Target::Sim => args.push("--sim".to_owned()),
+        Target::ControlPlane => args.push("--control-plane".to_owned()),
         Target::Kubeconfig(path) => {
             args.extend(["--kubeconfig".to_owned(), path.display().to_string()]);
         }
@@ -77,6 +81,15 @@ pub(crate) fn run(root: &Path, options: &Options) -> Result<()> {
     command
         .current_dir(root)
         .args(cargo_args(options, images.as_deref()));
+    if options.target == Target::ControlPlane {
+        let toolset = crate::tools::ensure(root)?;
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let joined = std::env::join_paths(
+            std::iter::once(toolset.bin_dir.clone()).chain(std::env::split_paths(&path)),
+        )
+        .context("the tools' directory cannot be put on PATH")?;
+        command.env("PATH", joined);
+    }
     let status = command
         .status()
         .with_context(|| format!("failed to start `{}`", images::show(&command)))?;
@@ -153,6 +166,16 @@ mod tests {
             None,
         );
         assert!(kube.ends_with(&["--kubeconfig".to_owned(), "/k/config".to_owned()]));
+        let plane = cargo_args(
+            &Options {
+                target: Target::ControlPlane,
+                jobs: None,
+                filters: vec!["cli::".to_owned()],
+            },
+            None,
+        );
+        assert!(!plane.contains(&"--features".to_owned()));
+        assert!(plane.ends_with(&["--control-plane".to_owned(), "cli::".to_owned()]));
     }
 
     /// A kubeconfig that is not there is refused before anything is built.

@@ -82,12 +82,17 @@ enum Command {
     Cluster(ClusterCommand),
     /// Run the end-to-end suite (tests/) against a cluster: the simulated one by default.
     #[command(
-        after_help = "Examples:\n  cargo xtask e2e                                # the simulated cluster (no Docker)\n  cargo xtask e2e --kubeconfig ~/.kube/config    # a cluster with deploy/ installed\n  cargo xtask e2e --k3s                          # a throwaway k3s (Docker, kubectl)\n  cargo xtask e2e -- sdk:: cli::                 # only scenarios whose name contains these"
+        after_help = "Examples:\n  cargo xtask e2e                                # the simulated cluster (no Docker)\n  cargo xtask e2e --control-plane                # a real kube-apiserver with our kubelet (cargo xtask tools)\n  cargo xtask e2e --kubeconfig ~/.kube/config    # a cluster with deploy/ installed\n  cargo xtask e2e --k3s                          # a throwaway k3s (Docker, kubectl)\n  cargo xtask e2e -- sdk:: cli::                 # only scenarios whose name contains these"
     )]
     E2e {
         /// The simulated cluster, started by the suite (the default).
-        #[arg(long, conflicts_with_all = ["kubeconfig", "k3s"])]
+        #[arg(long, conflicts_with_all = ["kubeconfig", "k3s", "control_plane"])]
         sim: bool,
+        /// A real control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler
+        /// from `cargo xtask tools`, built first if missing) with our kubelet as its node,
+        /// deploy/ applied, started and torn down by the suite.
+        #[arg(long, conflicts_with_all = ["kubeconfig", "k3s"])]
+        control_plane: bool,
         /// A cluster where deploy/ is installed (`cargo xtask cluster up`).
         #[arg(long, value_name = "PATH", conflicts_with = "k3s")]
         kubeconfig: Option<PathBuf>,
@@ -207,15 +212,17 @@ fn run(cli: Cli) -> Result<()> {
         Command::Tools { print_bin_dir } => tools::run(&root, print_bin_dir),
         Command::E2e {
             sim: _,
+            control_plane,
             kubeconfig,
             k3s,
             jobs,
             filters,
         } => {
-            let target = match (kubeconfig, k3s) {
-                (Some(path), _) => e2e::Target::Kubeconfig(path),
-                (None, true) => e2e::Target::K3s,
-                (None, false) => e2e::Target::Sim,
+            let target = match (kubeconfig, k3s, control_plane) {
+                (Some(path), _, _) => e2e::Target::Kubeconfig(path),
+                (None, true, _) => e2e::Target::K3s,
+                (None, false, true) => e2e::Target::ControlPlane,
+                (None, false, false) => e2e::Target::Sim,
             };
             e2e::run(
                 &root,

@@ -27,7 +27,7 @@ mod config;
 mod controller;
 mod defaults;
 mod error;
-mod router_pod;
+pub mod router_pod;
 pub mod runtime;
 mod secret;
 pub mod testkit;

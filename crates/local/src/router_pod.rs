@@ -2,7 +2,8 @@
 //! `app: sandbox-router` behind `sandbox-router-svc` in `agent-sandbox-system` (where the SDK's
 //! port-forward mode and the controller's default NetworkPolicy expect it), with its signing key
 //! in the Secret `cargo xtask cluster up` creates; and the Gateway a Gateway implementation
-//! would program in front of a router.
+//! would program in front of a router. [`image_entry`], [`create_pod`] and [`wait_ready`] also
+//! serve other clusters whose node is our kubelet (the control-plane tier of `tests/`).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -36,7 +37,7 @@ fn from_json<T: serde::de::DeserializeOwned>(
 }
 
 /// The image-table row that runs `binary` as the router pod, with `auth` and its secret file.
-pub(crate) fn image_entry(binary: &Path, auth: RouterAuth, secret: Option<&Path>) -> ImageEntry {
+pub fn image_entry(binary: &Path, auth: RouterAuth, secret: Option<&Path>) -> ImageEntry {
     let mut args = vec![
         format!("--listen={{pod_ip}}:{}", wire::ROUTER_PORT),
         format!("--auth={}", auth.flag()),
@@ -111,18 +112,30 @@ pub(crate) async fn install(
 }
 
 /// Creates (another) router pod named `name` behind `sandbox-router-svc`.
-pub(crate) async fn create_pod(client: &kube::Client, kubeconfig: &Path, name: &str) -> Result<()> {
+pub async fn create_pod(client: &kube::Client, kubeconfig: &Path, name: &str) -> Result<()> {
     let ns = wire::SYSTEM_NAMESPACE;
     let pod: Pod = from_json(
         "the router Pod",
         json!({
             "metadata": {"name": name, "namespace": ns,
                          "labels": {labels::ROUTER_APP: labels::ROUTER_APP_VALUE}},
-            "spec": {"containers": [{
-                "name": "router", "image": ROUTER_IMAGE,
-                "env": [{"name": "KUBECONFIG", "value": kubeconfig.display().to_string()}],
-                "ports": [{"name": "http", "containerPort": wire::ROUTER_PORT}]
-            }]}
+            // The security context of deploy/base's router, which Pod Security admission
+            // ("restricted", the label of its namespace there) requires.
+            "spec": {
+                // deploy/base's ServiceAccount; the pod reads its credentials from `kubeconfig`.
+                "serviceAccountName": "sandbox-router",
+                "automountServiceAccountToken": false,
+                "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "runAsGroup": 65532,
+                                    "seccompProfile": {"type": "RuntimeDefault"}},
+                "containers": [{
+                    "name": "router", "image": ROUTER_IMAGE,
+                    "env": [{"name": "KUBECONFIG", "value": kubeconfig.display().to_string()}],
+                    "ports": [{"name": "http", "containerPort": wire::ROUTER_PORT}],
+                    "securityContext": {"allowPrivilegeEscalation": false,
+                                        "readOnlyRootFilesystem": true,
+                                        "capabilities": {"drop": ["ALL"]}}
+                }]
+            }
         }),
     )?;
     Api::<Pod>::namespaced(client.clone(), ns)
@@ -133,7 +146,7 @@ pub(crate) async fn create_pod(client: &kube::Client, kubeconfig: &Path, name: &
 }
 
 /// Waits until the router pod `name` is Ready and returns its IP.
-async fn wait_ready(client: &kube::Client, name: &str) -> Result<String> {
+pub async fn wait_ready(client: &kube::Client, name: &str) -> Result<String> {
     let ns = wire::SYSTEM_NAMESPACE;
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     wait_for(

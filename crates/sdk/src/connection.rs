@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use agent_sandbox_api::{labels, wire};
 use futures_util::StreamExt as _;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
@@ -132,8 +132,11 @@ impl Connector {
     }
 }
 
-/// Ready router pods behind the EndpointSlices of `sandbox-router-svc` in `namespace`.
-/// `Ok(None)` when there is no such Service's slice at all.
+/// Ready router pods behind `sandbox-router-svc` in `namespace`: those of its EndpointSlices'
+/// ready endpoints; where the slices name none (no EndpointSlice controller, or one that cannot
+/// publish the pods' addresses, such as loopback ones), the Ready pods its selector picks, as
+/// `kubectl port-forward service/...` resolves a Service. `Ok(None)` when there is no such
+/// Service (nor any slice of it).
 async fn router_pods(kube: &kube::Client, namespace: &str) -> Result<Option<Vec<String>>> {
     let slices: Api<EndpointSlice> = Api::namespaced(kube.clone(), namespace);
     let selector = format!(
@@ -149,10 +152,69 @@ async fn router_pods(kube: &kube::Client, namespace: &str) -> Result<Option<Vec<
             object: format!("{namespace}/{}", wire::ROUTER_SERVICE),
             source,
         })?;
-    if list.items.is_empty() {
-        return Ok(None);
+    let from_slices = ready_pods(&list.items);
+    if !from_slices.is_empty() {
+        return Ok(Some(from_slices));
     }
-    Ok(Some(ready_pods(&list.items)))
+    let services: Api<Service> = Api::namespaced(kube.clone(), namespace);
+    let object = || format!("{namespace}/{}", wire::ROUTER_SERVICE);
+    let Some(service) = services
+        .get_opt(wire::ROUTER_SERVICE)
+        .await
+        .map_err(|source| Error::Kube {
+            operation: "get Service",
+            object: object(),
+            source,
+        })?
+    else {
+        return Ok((!list.items.is_empty()).then(Vec::new));
+    };
+    let Some(selector) = service_selector(&service) else {
+        return Ok(Some(Vec::new()));
+    };
+    let pods: Api<Pod> = Api::namespaced(kube.clone(), namespace);
+    let found = pods
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(|source| Error::Kube {
+            operation: "list the pods selected by Service",
+            object: object(),
+            source,
+        })?;
+    Ok(Some(
+        found
+            .items
+            .iter()
+            .filter(|pod| is_ready_pod(pod))
+            .filter_map(|pod| pod.metadata.name.clone())
+            .collect(),
+    ))
+}
+
+/// A Service's selector as a label selector, `None` for a Service without one (sans IO).
+pub(crate) fn service_selector(service: &Service) -> Option<String> {
+    let selector = service.spec.as_ref()?.selector.as_ref()?;
+    (!selector.is_empty()).then(|| {
+        selector
+            .iter()
+            .map(|(key, value)| format!("{key}={value}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    })
+}
+
+/// Ready and not being deleted (sans IO).
+pub(crate) fn is_ready_pod(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_none()
+        && pod
+            .status
+            .as_ref()
+            .and_then(|status| status.conditions.as_ref())
+            .is_some_and(|conditions| {
+                conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True")
+            })
 }
 
 /// The pods of ready endpoints, in order (sans IO).
@@ -456,5 +518,31 @@ mod tests {
         }))
         .unwrap_or_default();
         assert_eq!(ready_pods(&[slice]), ["a", "d"]);
+    }
+
+    #[test]
+    fn a_services_selector_picks_ready_pods_that_are_not_being_deleted() {
+        let service: Service = serde_json::from_value(json!({
+            "metadata": {"name": "sandbox-router-svc"},
+            "spec": {"selector": {"app": "sandbox-router", "tier": "edge"}}
+        }))
+        .unwrap_or_default();
+        assert_eq!(
+            service_selector(&service).as_deref(),
+            Some("app=sandbox-router,tier=edge")
+        );
+        assert_eq!(service_selector(&Service::default()), None);
+        let pod = |ready: &str, deleting: bool| -> Pod {
+            let mut value = json!({"metadata": {"name": "p"},
+                                   "status": {"conditions": [{"type": "Ready", "status": ready}]}});
+            if deleting {
+                value["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+            }
+            serde_json::from_value(value).unwrap_or_default()
+        };
+        assert!(is_ready_pod(&pod("True", false)));
+        assert!(!is_ready_pod(&pod("False", false)));
+        assert!(!is_ready_pod(&pod("True", true)));
+        assert!(!is_ready_pod(&Pod::default()));
     }
 }
