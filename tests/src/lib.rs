@@ -23,7 +23,7 @@ pub mod control_plane;
 mod error;
 #[cfg(feature = "k3s")]
 mod k3s;
-mod plane_target;
+pub mod plane_target;
 pub mod runner;
 pub mod scenarios;
 mod sim;

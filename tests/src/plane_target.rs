@@ -36,7 +36,7 @@ const STEP: Duration = Duration::from_secs(120);
 const ROUTER_POD: &str = "sandbox-router-0";
 
 /// The running installation; [`PlaneCluster::stop`] (or dropping it) ends every process.
-pub(crate) struct PlaneCluster {
+pub struct PlaneCluster {
     plane: ControlPlane,
     kubelet: Kubelet,
     controller: tokio::process::Child,
@@ -54,7 +54,7 @@ impl std::fmt::Debug for PlaneCluster {
 
 impl PlaneCluster {
     /// Starts the control plane from the binaries in `bin_dir` and installs our system on it.
-    pub(crate) async fn start(bin_dir: &Path) -> Result<Self> {
+    pub async fn start(bin_dir: &Path) -> Result<Self> {
         let plane = ControlPlane::start(Tools::in_dir(bin_dir)?, NODE).await?;
         let admin = plane.client().await?;
         apply_deploy(&plane).await?;
@@ -138,22 +138,27 @@ impl PlaneCluster {
     }
 
     /// A client with the admin's credentials.
-    pub(crate) async fn client(&self) -> Result<kube::Client> {
+    pub async fn client(&self) -> Result<kube::Client> {
         self.plane.client().await
     }
 
     /// The admin's kubeconfig.
-    pub(crate) fn kubeconfig(&self) -> PathBuf {
+    pub fn kubeconfig(&self) -> PathBuf {
         self.plane.kubeconfig().to_path_buf()
     }
 
+    /// The control plane itself (its API server's metrics, its directory, its tools).
+    pub fn control_plane(&self) -> &ControlPlane {
+        &self.plane
+    }
+
     /// The router pod's URL (reachable from this machine: pod IPs are loopback addresses).
-    pub(crate) fn router_url(&self) -> &str {
+    pub fn router_url(&self) -> &str {
         &self.router_url
     }
 
     /// Ends the kubelet (and so every pod), the controller and the control plane.
-    pub(crate) async fn stop(mut self) {
+    pub async fn stop(mut self) {
         self.kubelet.stop().await;
         let _ = self.controller.start_kill();
         let _ = self.controller.wait().await;

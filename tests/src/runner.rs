@@ -27,6 +27,8 @@ struct Args {
     list: bool,
     jobs: Option<usize>,
     target: Option<Target>,
+    /// Leave the cluster the suite started running after the report, until Ctrl-C.
+    keep: bool,
 }
 
 fn parse(args: impl Iterator<Item = String>) -> Result<Args, String> {
@@ -35,6 +37,7 @@ fn parse(args: impl Iterator<Item = String>) -> Result<Args, String> {
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--list" => parsed.list = true,
+            "--keep" => parsed.keep = true,
             "--sim" => parsed.target = Some(Target::Sim),
             "--control-plane" => parsed.target = Some(Target::ControlPlane),
             "--k3s" => {
@@ -130,7 +133,16 @@ pub async fn main() -> i32 {
     };
     let started = Instant::now();
     println!("e2e: starting {} ...", target.describe());
-    let cluster = match ClusterUnderTest::start(&target).await {
+    // Ctrl-C at any point ends the run with everything it started torn down (dropping a
+    // cluster that is still being set up ends its processes and removes its files).
+    let started_cluster = tokio::select! {
+        started = ClusterUnderTest::start(&target) => started,
+        _ = tokio::signal::ctrl_c() => {
+            eprintln!("e2e: interrupted while starting the cluster; it is torn down");
+            return INTERRUPTED;
+        }
+    };
+    let cluster = match started_cluster {
         Ok(cluster) => Arc::new(cluster),
         Err(error) => {
             eprintln!("e2e: the cluster is not usable: {error}");
@@ -180,7 +192,18 @@ pub async fn main() -> i32 {
         }
     }))
     .buffer_unordered(jobs(&args));
-    let results: Vec<(Scenario, Outcome)> = running.collect().await;
+    let interrupted;
+    let results: Vec<(Scenario, Outcome)> = tokio::select! {
+        results = running.collect() => {
+            interrupted = false;
+            results
+        }
+        _ = tokio::signal::ctrl_c() => {
+            eprintln!("e2e: interrupted; deleting what the scenarios made and stopping the cluster");
+            interrupted = true;
+            Vec::new()
+        }
+    };
 
     let left = match cluster.cleanup().await {
         Ok(left) => left,
@@ -220,11 +243,25 @@ pub async fn main() -> i32 {
             cluster.run
         );
     }
+    if args.keep && !interrupted {
+        println!(
+            "e2e: --keep: {} stays up until Ctrl-C; try\n  kubectl --kubeconfig {} get nodes,pods -A",
+            cluster.description,
+            cluster.kubeconfig.display()
+        );
+        let _ = tokio::signal::ctrl_c().await;
+    }
     if let Ok(cluster) = Arc::try_unwrap(cluster) {
         cluster.stop().await;
     }
+    if interrupted {
+        return INTERRUPTED;
+    }
     i32::from(!failures.is_empty())
 }
+
+/// The exit code of a run ended by Ctrl-C (128 + SIGINT, as shells report it).
+const INTERRUPTED: i32 = 130;
 
 #[cfg(test)]
 mod tests {
@@ -248,8 +285,12 @@ mod tests {
         .unwrap_or_default();
         assert_eq!(parsed.filters, ["sdk", "cli"]);
         assert_eq!(parsed.jobs, Some(3));
+        assert!(!parsed.keep);
         assert!(args(&["--frobnicate"]).is_err());
         assert!(args(&["--jobs"]).is_err());
+        let plane = args(&["--control-plane", "--keep"]).unwrap_or_default();
+        assert!(plane.keep);
+        assert!(matches!(plane.target, Some(Target::ControlPlane)));
     }
 
     #[test]

@@ -31,6 +31,8 @@ pub(crate) struct Options {
     pub(crate) target: Target,
     /// Scenarios run at once.
     pub(crate) jobs: Option<usize>,
+    /// Leave the cluster the suite started up until Ctrl-C.
+    pub(crate) keep: bool,
     /// Name filters for the scenarios.
     pub(crate) filters: Vec<String>,
 }
@@ -61,6 +63,9 @@ pub(crate) fn cargo_args(options: &Options, images: Option<&Path>) -> Vec<String
     }
     if let Some(jobs) = options.jobs {
         args.extend(["--jobs".to_owned(), jobs.to_string()]);
+    }
+    if options.keep {
+        args.push("--keep".to_owned());
     }
     args.extend(options.filters.iter().cloned());
     args
@@ -134,6 +139,7 @@ mod tests {
         let options = Options {
             target: Target::K3s,
             jobs: Some(2),
+            keep: false,
             filters: vec!["sdk".to_owned()],
         };
         let args = cargo_args(&options, Some(Path::new("/t/images.tar")));
@@ -151,6 +157,7 @@ mod tests {
             &Options {
                 target: Target::Sim,
                 jobs: None,
+                keep: false,
                 filters: vec![],
             },
             None,
@@ -161,6 +168,7 @@ mod tests {
             &Options {
                 target: Target::Kubeconfig(PathBuf::from("/k/config")),
                 jobs: None,
+                keep: false,
                 filters: vec![],
             },
             None,
@@ -170,12 +178,17 @@ mod tests {
             &Options {
                 target: Target::ControlPlane,
                 jobs: None,
+                keep: true,
                 filters: vec!["cli::".to_owned()],
             },
             None,
         );
         assert!(!plane.contains(&"--features".to_owned()));
-        assert!(plane.ends_with(&["--control-plane".to_owned(), "cli::".to_owned()]));
+        assert!(plane.ends_with(&[
+            "--control-plane".to_owned(),
+            "--keep".to_owned(),
+            "cli::".to_owned()
+        ]));
     }
 
     /// A kubeconfig that is not there is refused before anything is built.
@@ -184,6 +197,7 @@ mod tests {
         let options = Options {
             target: Target::Kubeconfig(PathBuf::from("/nonexistent/kubeconfig")),
             jobs: None,
+            keep: false,
             filters: vec![],
         };
         let error = run(Path::new("/nonexistent"), &options).unwrap_err();

@@ -82,7 +82,7 @@ enum Command {
     Cluster(ClusterCommand),
     /// Run the end-to-end suite (tests/) against a cluster: the simulated one by default.
     #[command(
-        after_help = "Examples:\n  cargo xtask e2e                                # the simulated cluster (no Docker)\n  cargo xtask e2e --control-plane                # a real kube-apiserver with our kubelet (cargo xtask tools)\n  cargo xtask e2e --kubeconfig ~/.kube/config    # a cluster with deploy/ installed\n  cargo xtask e2e --k3s                          # a throwaway k3s (Docker, kubectl)\n  cargo xtask e2e -- sdk:: cli::                 # only scenarios whose name contains these"
+        after_help = "Examples:\n  cargo xtask e2e                                # the simulated cluster (no Docker)\n  cargo xtask e2e --control-plane                # a real kube-apiserver with our kubelet (cargo xtask tools)\n  cargo xtask e2e --control-plane --keep         # ... and leave it up afterwards (prints its kubeconfig)\n  cargo xtask e2e --kubeconfig ~/.kube/config    # a cluster with deploy/ installed\n  cargo xtask e2e --k3s                          # a throwaway k3s (Docker, kubectl)\n  cargo xtask e2e -- sdk:: cli::                 # only scenarios whose name contains these"
     )]
     E2e {
         /// The simulated cluster, started by the suite (the default).
@@ -93,6 +93,10 @@ enum Command {
         /// deploy/ applied, started and torn down by the suite.
         #[arg(long, conflicts_with_all = ["kubeconfig", "k3s"])]
         control_plane: bool,
+        /// Leave the cluster the suite started up after the report (print its kubeconfig) until
+        /// Ctrl-C.
+        #[arg(long)]
+        keep: bool,
         /// A cluster where deploy/ is installed (`cargo xtask cluster up`).
         #[arg(long, value_name = "PATH", conflicts_with = "k3s")]
         kubeconfig: Option<PathBuf>,
@@ -213,6 +217,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::E2e {
             sim: _,
             control_plane,
+            keep,
             kubeconfig,
             k3s,
             jobs,
@@ -229,6 +234,7 @@ fn run(cli: Cli) -> Result<()> {
                 &e2e::Options {
                     target,
                     jobs,
+                    keep,
                     filters,
                 },
             )
@@ -265,6 +271,20 @@ fn bench(root: &Path, cases: &[String], quick: bool, dry_run: bool, list: bool) 
         .join(BENCH_BIN);
     let mut run = std::process::Command::new(&binary);
     run.args(cases).current_dir(root);
+    // The control-plane cases need the Kubernetes binaries (built once by `cargo xtask tools`).
+    let wants_control_plane = cases.is_empty()
+        || cases.iter().any(|c| {
+            c.starts_with(CONTROL_PLANE_CASES) || CONTROL_PLANE_CASES.starts_with(c.as_str())
+        });
+    if wants_control_plane && !list {
+        let toolset = tools::ensure(root)?;
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let joined = std::env::join_paths(
+            std::iter::once(toolset.bin_dir.clone()).chain(std::env::split_paths(&path)),
+        )
+        .context("the tools' directory cannot be put on PATH")?;
+        run.env("PATH", joined);
+    }
     for (set, flag) in [(quick, "--quick"), (dry_run, "--dry-run"), (list, "--list")] {
         if set {
             run.arg(flag);
@@ -281,6 +301,9 @@ fn bench(root: &Path, cases: &[String], quick: bool, dry_run: bool, list: bool) 
 
 /// The bench package's binary.
 const BENCH_BIN: &str = "agent-sandbox-bench";
+
+/// The prefix of the bench cases that run on the control-plane tier.
+const CONTROL_PLANE_CASES: &str = "control-plane/";
 
 /// The workspace root: xtask lives one level below it.
 fn workspace_root() -> PathBuf {

@@ -47,7 +47,7 @@ fn node_status(spec: &NodeSpec, ready_since: &str) -> Value {
         "allocatable": {"cpu": "2", "memory": "8Gi", "pods": "1000"},
         "conditions": [ready_condition(ready_since)],
         "nodeInfo": {"kubeletVersion": "v1.35.0-sim", "operatingSystem": "linux",
-                     "architecture": std::env::consts::ARCH, "containerRuntimeVersion": "sim://1",
+                     "architecture": go_arch(std::env::consts::ARCH), "containerRuntimeVersion": "sim://1",
                      "kernelVersion": "", "osImage": "agent-sandbox sim", "kubeProxyVersion": "",
                      "machineID": "", "systemUUID": "", "bootID": ""}
     });

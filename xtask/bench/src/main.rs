@@ -11,6 +11,7 @@
 //! `--quick` (fewer iterations), `--dry-run` (print, do not write the report), `--list`.
 
 mod api;
+mod control_plane;
 mod controller;
 mod report;
 mod router;
@@ -91,6 +92,7 @@ fn cases() -> Vec<Case> {
     let mut cases = Vec::new();
     cases.extend(api::cases());
     cases.extend(controller::cases());
+    cases.extend(control_plane::cases());
     cases.extend(runtime::cases());
     cases.extend(router::cases());
     cases.extend(sdk::cases());
