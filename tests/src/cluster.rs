@@ -242,7 +242,7 @@ impl ClusterUnderTest {
                             .to_owned(),
                     ),
                     Some(plane.router_url().to_owned()),
-                    None,
+                    plane.gateway(),
                     Backing::ControlPlane(Box::new(plane)),
                 )
             }

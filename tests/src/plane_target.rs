@@ -4,7 +4,9 @@
 //! credentials, serving the kubelet API (logs, port-forward) to the API server; the controller
 //! as a process with its ServiceAccount's token (not as cluster admin); the router as a pod on
 //! that node behind `sandbox-router-svc`, with its ServiceAccount's token and its signing key
-//! from the Secret `sandbox-router-signing-key`; then `deploy/sandboxes`.
+//! from the Secret `sandbox-router-signing-key`; the Gateway API's CRDs (from `cargo xtask
+//! tools`) with the Gateway that an implementation would program in front of the router; then
+//! `deploy/sandboxes`.
 //!
 //! `deploy/base`'s own Deployments are scaled to zero: running the controller and the router
 //! from their images as pods (projected tokens, Secret volumes, in-cluster configuration) is
@@ -41,6 +43,7 @@ pub struct PlaneCluster {
     kubelet: Kubelet,
     controller: tokio::process::Child,
     router_url: String,
+    gateway: Option<(String, String)>,
 }
 
 impl std::fmt::Debug for PlaneCluster {
@@ -58,6 +61,10 @@ impl PlaneCluster {
         let plane = ControlPlane::start(Tools::in_dir(bin_dir)?, NODE).await?;
         let admin = plane.client().await?;
         apply_deploy(&plane).await?;
+        let gateway_crds = gateway_api_crds(bin_dir);
+        if let Some(dir) = &gateway_crds {
+            apply_gateway_api(&plane, dir).await?;
+        }
         // The Deployments of deploy/base: run below as a process and a pod of ours instead.
         plane
             .kubectl(&[
@@ -118,6 +125,23 @@ impl PlaneCluster {
         agent_sandbox_local::router_pod::create_pod(&admin, &router_kubeconfig, ROUTER_POD).await?;
         let router_ip = agent_sandbox_local::router_pod::wait_ready(&admin, ROUTER_POD).await?;
         let router_url = format!("http://{router_ip}:{}", wire::ROUTER_PORT);
+        // With the Gateway API installed, the Gateway that an implementation would program in
+        // front of the router (its address: the router pod's).
+        let gateway = match gateway_crds {
+            Some(_) => {
+                agent_sandbox_local::router_pod::write_gateway(
+                    &admin,
+                    &router_ip,
+                    wire::ROUTER_PORT,
+                )
+                .await?;
+                Some((
+                    wire::DEFAULT_SANDBOX_NAMESPACE.to_owned(),
+                    agent_sandbox_local::GATEWAY.to_owned(),
+                ))
+            }
+            None => None,
+        };
 
         wait_default_service_account(&admin).await?;
         plane
@@ -134,6 +158,7 @@ impl PlaneCluster {
             kubelet,
             controller,
             router_url,
+            gateway,
         })
     }
 
@@ -155,6 +180,12 @@ impl PlaneCluster {
     /// The router pod's URL (reachable from this machine: pod IPs are loopback addresses).
     pub fn router_url(&self) -> &str {
         &self.router_url
+    }
+
+    /// The Gateway `(namespace, name)` in front of the router, when the Gateway API's CRDs
+    /// were there to install (`cargo xtask tools` fetches them).
+    pub fn gateway(&self) -> Option<(String, String)> {
+        self.gateway.clone()
     }
 
     /// Ends the kubelet (and so every pod), the controller and the control plane.
@@ -190,6 +221,33 @@ async fn apply_deploy(plane: &ControlPlane) -> Result<()> {
             "--validate=strict",
             "-k",
             "deploy/base",
+        ])
+        .await?;
+    Ok(())
+}
+
+/// The Gateway API's CRDs that `cargo xtask tools` puts next to the binaries, if it did.
+fn gateway_api_crds(bin_dir: &Path) -> Option<PathBuf> {
+    let dir = bin_dir.parent()?.join("gateway-api");
+    dir.join("gateway.networking.k8s.io_gateways.yaml")
+        .is_file()
+        .then_some(dir)
+}
+
+/// The Gateway API's CRDs from `dir`, established.
+async fn apply_gateway_api(plane: &ControlPlane, dir: &Path) -> Result<()> {
+    let dir = dir.display().to_string();
+    plane
+        .kubectl(&["apply", "--server-side", "-f", &dir])
+        .await?;
+    plane
+        .kubectl(&[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd",
+            "gateways.gateway.networking.k8s.io",
+            "gatewayclasses.gateway.networking.k8s.io",
         ])
         .await?;
     Ok(())

@@ -230,6 +230,7 @@ pub(crate) fn ensure(root: &Path) -> Result<Toolset> {
     }
     let bin_dir = dir.join("bin");
     if TOOLS.iter().all(|tool| bin_dir.join(tool.name).is_file()) {
+        gateway_api_crds(&dir)?;
         return Ok(Toolset { pins, bin_dir });
     }
     let parent = dir
@@ -272,7 +273,54 @@ pub(crate) fn ensure(root: &Path) -> Result<Toolset> {
         }
     }
     eprintln!("built in {:.0} s", started.elapsed().as_secs_f64());
+    gateway_api_crds(&dir)?;
     Ok(Toolset { pins, bin_dir })
+}
+
+/// The Gateway API module whose standard CRDs the control-plane tier installs (so that the
+/// SDK's Gateway mode runs there), fetched through the Go module proxy.
+pub(crate) const GATEWAY_API: (&str, &str) = ("sigs.k8s.io/gateway-api", "v1.6.3");
+/// The CRDs taken from it (`config/crd/standard/`).
+const GATEWAY_API_CRDS: [&str; 2] = [
+    "gateway.networking.k8s.io_gatewayclasses.yaml",
+    "gateway.networking.k8s.io_gateways.yaml",
+];
+
+/// Puts [`GATEWAY_API_CRDS`] in `<dir>/gateway-api/` (next to `bin/`) unless they are there.
+fn gateway_api_crds(dir: &Path) -> Result<()> {
+    let out = dir.join("gateway-api");
+    if GATEWAY_API_CRDS.iter().all(|name| out.join(name).is_file()) {
+        return Ok(());
+    }
+    let (module, version) = GATEWAY_API;
+    eprintln!("fetching the Gateway API CRDs ({module} {version}) through the Go module proxy");
+    let output = Command::new("go")
+        .args(["mod", "download", "-json", &format!("{module}@{version}")])
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .context("failed to start `go mod download`")?;
+    if !output.status.success() {
+        bail!(
+            "`go mod download {module}@{version}` failed: {}{}",
+            String::from_utf8_lossy(&output.stdout).trim(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    let answer: serde_json::Value = serde_json::from_slice(&output.stdout)
+        .context("`go mod download -json` printed no JSON")?;
+    let source = answer
+        .get("Dir")
+        .and_then(serde_json::Value::as_str)
+        .map(PathBuf::from)
+        .context("`go mod download -json` named no directory")?
+        .join("config/crd/standard");
+    std::fs::create_dir_all(&out).with_context(|| format!("failed to create {}", out.display()))?;
+    for name in GATEWAY_API_CRDS {
+        std::fs::copy(source.join(name), out.join(name))
+            .with_context(|| format!("failed to copy {name} from {}", source.display()))?;
+    }
+    Ok(())
 }
 
 /// `go build -v` of one tool, with a progress line every 15 s (packages compiled so far) and

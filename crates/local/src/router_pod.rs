@@ -2,8 +2,9 @@
 //! `app: sandbox-router` behind `sandbox-router-svc` in `agent-sandbox-system` (where the SDK's
 //! port-forward mode and the controller's default NetworkPolicy expect it), with its signing key
 //! in the Secret `cargo xtask cluster up` creates; and the Gateway a Gateway implementation
-//! would program in front of a router. [`image_entry`], [`create_pod`] and [`wait_ready`] also
-//! serve other clusters whose node is our kubelet (the control-plane tier of `tests/`).
+//! would program in front of a router. [`image_entry`], [`create_pod`], [`wait_ready`] and
+//! [`write_gateway`] also serve other clusters whose node is our kubelet (the control-plane
+//! tier of `tests/`).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -174,7 +175,7 @@ pub async fn wait_ready(client: &kube::Client, name: &str) -> Result<String> {
 
 /// Writes the Gateway [`GATEWAY`] in [`DEFAULT_NAMESPACE`] with an HTTP listener on `port` and
 /// `address` in its status, as a Gateway implementation would once programmed.
-pub(crate) async fn write_gateway(client: &kube::Client, address: &str, port: u16) -> Result<()> {
+pub async fn write_gateway(client: &kube::Client, address: &str, port: u16) -> Result<()> {
     let resource = ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("gateway.networking.k8s.io", "v1", "Gateway"),
         "gateways",
