@@ -103,9 +103,9 @@ impl PlaneCluster {
             plane.node_client().await?,
             KubeletConfig {
                 images,
-                // Plain process groups: bubblewrapped pods (with a private /tmp) would not see
-                // the kubeconfigs and keys in this run's scratch directory.
-                isolation: Isolation::None,
+                // Bubblewrap where it works, as on the sim: the scratch directory (kubeconfigs,
+                // keys, the pods' directories) is one that bubblewrapped pods see.
+                isolation: Isolation::Auto,
                 api: Some(ApiServing {
                     listen: ([127, 0, 0, 1], 0).into(),
                     cert: credentials.serving_cert.clone(),
