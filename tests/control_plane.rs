@@ -403,6 +403,31 @@ async fn a_warm_claim_runs_on_our_kubelet_through_the_router() {
     )
     .unwrap();
     kubelet.start().await.unwrap();
+    // The kubelet API: TLS with the cluster's CA, and only for clients with a certificate its
+    // client CA signed (the API server's kubelet-client certificate).
+    let api = kubelet.api_addr().unwrap();
+    let dir = plane.dir().to_path_buf();
+    let (with, without) = tokio::task::spawn_blocking(move || {
+        let client = Some((
+            dir.join("apiserver-kubelet-client.crt"),
+            dir.join("apiserver-kubelet-client.key"),
+        ));
+        (
+            kubelet_get(api, &dir.join("ca.crt"), client),
+            kubelet_get(api, &dir.join("ca.crt"), None),
+        )
+    })
+    .await
+    .unwrap();
+    let with = String::from_utf8_lossy(&with.unwrap()).into_owned();
+    assert!(
+        with.starts_with("HTTP/1.1 200") && with.ends_with("ok"),
+        "{with}"
+    );
+    assert!(
+        without.is_err(),
+        "answered without a client certificate: {without:?}"
+    );
     let nodes: Api<Node> = Api::all(client.clone());
     eventually("our node to be Ready", || async {
         let found = nodes.get_opt(&node).await.map_err(|e| e.to_string())?;
@@ -548,4 +573,47 @@ async fn a_warm_claim_runs_on_our_kubelet_through_the_router() {
 
     installation.assert_nothing_refused().await;
     kubelet.stop().await;
+}
+
+/// `GET /healthz` from the kubelet API at `addr` over TLS (trusting `ca`), with the client
+/// certificate and key `client` or none; the raw answer.
+fn kubelet_get(
+    addr: std::net::SocketAddr,
+    ca: &Path,
+    client: Option<(PathBuf, PathBuf)>,
+) -> std::io::Result<Vec<u8>> {
+    use rustls::pki_types::pem::PemObject as _;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    use std::io::{Read as _, Write as _};
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(ca).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots);
+    let config = match client {
+        Some((cert, key)) => builder
+            .with_client_auth_cert(
+                CertificateDer::pem_file_iter(&cert)
+                    .unwrap()
+                    .map(Result::unwrap)
+                    .collect(),
+                PrivateKeyDer::from_pem_file(&key).unwrap(),
+            )
+            .unwrap(),
+        None => builder.with_no_client_auth(),
+    };
+    let name = ServerName::try_from("127.0.0.1").unwrap();
+    let connection = rustls::ClientConnection::new(std::sync::Arc::new(config), name).unwrap();
+    let socket = std::net::TcpStream::connect(addr)?;
+    socket.set_read_timeout(Some(STEP))?;
+    let mut tls = rustls::StreamOwned::new(connection, socket);
+    tls.write_all(b"GET /healthz HTTP/1.1\r\nHost: kubelet\r\nConnection: close\r\n\r\n")?;
+    let mut answer = Vec::new();
+    tls.read_to_end(&mut answer)?;
+    Ok(answer)
 }
