@@ -18,13 +18,14 @@ use std::time::Duration;
 use agent_sandbox::{ClientOptions, ConnectionMode, ExecOptions};
 use agent_sandbox_api::{Sandbox, SandboxTemplate, SandboxWarmPool};
 use agent_sandbox_e2e::control_plane::{ControlPlane, Tools};
+use agent_sandbox_e2e::plane_target::{self, ControllerProcess};
 use agent_sandbox_kubelet::{
     ApiServing, ImageTable, Isolation, Kubelet, KubeletConfig, Program, runtime_entry,
 };
 use agent_sandbox_local::testkit::{self, Tool, http};
 use agent_sandbox_local::wait::{Check, Timeout, wait_for};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::Api;
 use kube::ResourceExt;
@@ -33,35 +34,6 @@ use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
 
 /// Within this, every step below happens on a machine of ours (usually in well under a tenth).
 const STEP: Duration = Duration::from_secs(60);
-
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-/// Runs kubectl as the admin; fails the test with kubectl's own words.
-async fn kubectl(plane: &ControlPlane, args: &[&str]) -> String {
-    let output = tokio::process::Command::new(plane.tools().path("kubectl"))
-        .arg("--kubeconfig")
-        .arg(plane.kubeconfig())
-        .args(args)
-        .current_dir(workspace_root())
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "kubectl {}: {}{}",
-        args.join(" "),
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -121,9 +93,8 @@ async fn ready(url: String, what: &str) {
 /// What [`install`] leaves running: the controller and the router as processes of this test,
 /// each with its own ServiceAccount's token.
 struct Installation {
-    controller: Running,
+    controller: ControllerProcess,
     router: Running,
-    metrics: u16,
     router_url: String,
     signing_key: Vec<u8>,
 }
@@ -132,69 +103,8 @@ struct Installation {
 /// router started with the credentials of their ServiceAccounts (what their ClusterRoles grant
 /// must be all they need), both ready.
 async fn install(plane: &ControlPlane) -> Installation {
-    // The generated CRDs: accepted (structural, every CEL rule within its cost budget) and
-    // established.
-    kubectl(plane, &["apply", "--server-side", "-k", "deploy/crds"]).await;
-    kubectl(
-        plane,
-        &[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd",
-            "sandboxes.agents.x-k8s.io",
-            "sandboxtemplates.extensions.agents.x-k8s.io",
-            "sandboxwarmpools.extensions.agents.x-k8s.io",
-            "sandboxclaims.extensions.agents.x-k8s.io",
-        ],
-    )
-    .await;
-    // deploy/base as a user applies it, every field checked against the server's schemas.
-    kubectl(
-        plane,
-        &[
-            "apply",
-            "--server-side",
-            "--validate=strict",
-            "-k",
-            "deploy/base",
-        ],
-    )
-    .await;
-
-    let controller_kubeconfig = plane
-        .service_account_kubeconfig(
-            "agent-sandbox-system",
-            "agent-sandbox-controller",
-            "controller.kubeconfig",
-        )
-        .await
-        .unwrap();
-    let controller_bin =
-        testkit::workspace_binary("agent-sandbox-controller", "agent-sandbox-controller").unwrap();
-    let health = free_port();
-    let metrics = free_port();
-    let controller_log = plane.dir().join("controller.log");
-    let controller = Running(
-        tokio::process::Command::new(controller_bin)
-            .env("KUBECONFIG", &controller_kubeconfig)
-            .env("POD_NAMESPACE", "agent-sandbox-system")
-            .env("RUST_LOG", "info")
-            .arg(format!("--health-probe-bind-address=127.0.0.1:{health}"))
-            .arg(format!("--metrics-bind-address=127.0.0.1:{metrics}"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&controller_log).unwrap())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap(),
-        controller_log,
-    );
-    ready(
-        format!("http://127.0.0.1:{health}/readyz"),
-        "the controller",
-    )
-    .await;
+    plane_target::apply_deploy(plane).await.unwrap();
+    let controller = plane_target::start_controller(plane).await.unwrap();
 
     // The router watches Sandboxes and Pods cluster-wide, and is ready once both watches have
     // synced.
@@ -231,7 +141,6 @@ async fn install(plane: &ControlPlane) -> Installation {
     Installation {
         controller,
         router,
-        metrics,
         router_url,
         signing_key,
     }
@@ -241,7 +150,8 @@ impl Installation {
     /// Nothing the controller or the router did was refused: no reconcile error counted, no
     /// error and no "forbidden" in their logs.
     async fn assert_nothing_refused(&self) {
-        let scrape = http::get(&format!("http://127.0.0.1:{}/metrics", self.metrics))
+        let metrics = self.controller.metrics_port();
+        let scrape = http::get(&format!("http://127.0.0.1:{metrics}/metrics"))
             .await
             .unwrap()
             .text();
@@ -251,11 +161,11 @@ impl Installation {
                 line.starts_with("agent_sandbox_reconcile_errors") && !line.ends_with(" 0")
             })
             .collect();
-        let log = std::fs::read_to_string(&self.controller.1).unwrap_or_default();
+        let log = std::fs::read_to_string(self.controller.log()).unwrap_or_default();
         assert!(errors.is_empty(), "reconcile errors: {errors:?}\n{log}");
         for (what, log) in [
-            ("controller", &self.controller.1),
-            ("router", &self.router.1),
+            ("controller", self.controller.log()),
+            ("router", self.router.1.as_path()),
         ] {
             let text = std::fs::read_to_string(log).unwrap_or_default();
             assert!(
@@ -264,33 +174,6 @@ impl Installation {
             );
         }
     }
-}
-
-/// `deploy/sandboxes` as a user applies it, once namespace `default` has the ServiceAccount a
-/// real cluster's namespaces get from the controller manager before anyone creates pods there.
-async fn apply_sandboxes(plane: &ControlPlane, client: &kube::Client) {
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), "default");
-    eventually(
-        "the default ServiceAccount of namespace default",
-        || async {
-            match accounts.get_opt("default").await {
-                Ok(Some(_)) => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
-        },
-    )
-    .await;
-    kubectl(
-        plane,
-        &[
-            "apply",
-            "--server-side",
-            "--validate=strict",
-            "-k",
-            "deploy/sandboxes",
-        ],
-    )
-    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -302,7 +185,9 @@ async fn deploy_installs_and_reconciles_on_a_real_api_server_with_its_own_rbac()
     let plane = ControlPlane::start(tools, "node-1").await.unwrap();
     let installation = install(&plane).await;
     let client = plane.client().await.unwrap();
-    apply_sandboxes(&plane, &client).await;
+    plane_target::apply_sandboxes(&plane, &client)
+        .await
+        .unwrap();
 
     let templates: Api<SandboxTemplate> = Api::namespaced(client.clone(), "default");
     assert!(
@@ -367,17 +252,16 @@ async fn a_warm_claim_runs_on_our_kubelet_through_the_router() {
     let client = plane.client().await.unwrap();
     // deploy/base would also run the controller and the router as pods; here they run as the
     // processes above (as pods on this node: the next tier).
-    kubectl(
-        &plane,
-        &[
+    plane
+        .kubectl(&[
             "scale",
             "deployment",
             "--all",
             "--replicas=0",
             "--namespace=agent-sandbox-system",
-        ],
-    )
-    .await;
+        ])
+        .await
+        .unwrap();
 
     // The node. Pods run without bubblewrap: the pods' directories are in this test's scratch
     // directory, which a bubblewrapped pod (with its private /tmp) might not see.
@@ -450,7 +334,9 @@ async fn a_warm_claim_runs_on_our_kubelet_through_the_router() {
         Some(node.as_str())
     );
 
-    apply_sandboxes(&plane, &client).await;
+    plane_target::apply_sandboxes(&plane, &client)
+        .await
+        .unwrap();
     let pool: Api<SandboxWarmPool> = Api::namespaced(client.clone(), "default");
     let replicas = pool.get(testkit::POOL).await.unwrap().spec.replicas;
     eventually("every member of the pool Ready", || async {
@@ -482,11 +368,10 @@ async fn a_warm_claim_runs_on_our_kubelet_through_the_router() {
         .unwrap();
     let log = pods.logs(&member, &LogParams::default()).await.unwrap();
     assert!(log.contains("sandbox runtime listening on"), "{log}");
-    let log = kubectl(
-        &plane,
-        &["logs", "--namespace=default", "--tail=50", &member],
-    )
-    .await;
+    let log = plane
+        .kubectl(&["logs", "--namespace=default", "--tail=50", &member])
+        .await
+        .unwrap();
     assert!(log.contains("sandbox runtime listening on"), "{log}");
     let mut forwarder = pods.portforward(&member, &[8888]).await.unwrap();
     let mut stream = forwarder.take_stream(8888).unwrap();

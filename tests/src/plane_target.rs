@@ -41,7 +41,7 @@ const ROUTER_POD: &str = "sandbox-router-0";
 pub struct PlaneCluster {
     plane: ControlPlane,
     kubelet: Kubelet,
-    controller: tokio::process::Child,
+    controller: ControllerProcess,
     router_url: String,
     gateway: Option<(String, String)>,
 }
@@ -143,16 +143,7 @@ impl PlaneCluster {
             None => None,
         };
 
-        wait_default_service_account(&admin).await?;
-        plane
-            .kubectl(&[
-                "apply",
-                "--server-side",
-                "--validate=strict",
-                "-k",
-                "deploy/sandboxes",
-            ])
-            .await?;
+        apply_sandboxes(&plane, &admin).await?;
         Ok(Self {
             plane,
             kubelet,
@@ -191,14 +182,15 @@ impl PlaneCluster {
     /// Ends the kubelet (and so every pod), the controller and the control plane.
     pub async fn stop(mut self) {
         self.kubelet.stop().await;
-        let _ = self.controller.start_kill();
-        let _ = self.controller.wait().await;
+        self.controller.stop().await;
         self.plane.stop();
     }
 }
 
-/// `deploy/crds` (established) and `deploy/base`, applied as a user applies them.
-async fn apply_deploy(plane: &ControlPlane) -> Result<()> {
+/// `deploy/crds` (established) and `deploy/base`, applied as a user applies them: the CRDs
+/// must be structural with every CEL rule within its cost budget, and every field of
+/// `deploy/base` must pass the server's strict validation.
+pub async fn apply_deploy(plane: &ControlPlane) -> Result<()> {
     plane
         .kubectl(&["apply", "--server-side", "-k", "deploy/crds"])
         .await?;
@@ -267,9 +259,46 @@ async fn create_signing_key_secret(client: &kube::Client, key: &str) -> Result<(
     Ok(())
 }
 
-/// The controller with its ServiceAccount's token, logging to `controller.log` in the plane's
-/// directory; returns once it is ready.
-async fn start_controller(plane: &ControlPlane) -> Result<tokio::process::Child> {
+/// The controller running as a process with its ServiceAccount's token ([`start_controller`]):
+/// killed when dropped, its log printed when that happens in a failing test.
+#[derive(Debug)]
+pub struct ControllerProcess {
+    child: tokio::process::Child,
+    metrics: u16,
+    log: PathBuf,
+}
+
+impl ControllerProcess {
+    /// The port of its metrics on 127.0.0.1.
+    pub fn metrics_port(&self) -> u16 {
+        self.metrics
+    }
+
+    /// Its log (stderr).
+    pub fn log(&self) -> &Path {
+        &self.log
+    }
+
+    async fn stop(mut self) {
+        let _ = self.child.start_kill();
+        let _ = self.child.wait().await;
+    }
+}
+
+impl Drop for ControllerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            eprintln!("--- {} ---\n{log}", self.log.display());
+        }
+    }
+}
+
+/// Starts the controller with its ServiceAccount's token (what its ClusterRole grants must be
+/// all it needs), logging to `controller.log` in the plane's directory; returns once it is
+/// ready.
+pub async fn start_controller(plane: &ControlPlane) -> Result<ControllerProcess> {
     let kubeconfig = plane
         .service_account_kubeconfig(
             wire::SYSTEM_NAMESPACE,
@@ -294,6 +323,11 @@ async fn start_controller(plane: &ControlPlane) -> Result<tokio::process::Child>
         .kill_on_drop(true)
         .spawn()
         .map_err(Error::io("start", &binary))?;
+    let controller = ControllerProcess {
+        child,
+        metrics,
+        log: log_path,
+    };
     let url = format!("http://127.0.0.1:{health}/readyz");
     wait_for("the controller to be ready", STEP, || async {
         Ok::<_, Error>(match testkit::http::get(&url).await {
@@ -303,7 +337,7 @@ async fn start_controller(plane: &ControlPlane) -> Result<tokio::process::Child>
         })
     })
     .await?;
-    Ok(child)
+    Ok(controller)
 }
 
 async fn wait_node_ready(client: &kube::Client) -> Result<()> {
@@ -328,9 +362,10 @@ async fn wait_node_ready(client: &kube::Client) -> Result<()> {
     Ok(())
 }
 
-/// A real cluster's namespaces get their `default` ServiceAccount from the controller manager
-/// before pods can be created there.
-async fn wait_default_service_account(client: &kube::Client) -> Result<()> {
+/// `deploy/sandboxes` as a user applies it (strict validation), once the sandboxes' namespace
+/// has the `default` ServiceAccount that the controller manager gives a real cluster's
+/// namespaces before pods can be created there.
+pub async fn apply_sandboxes(plane: &ControlPlane, client: &kube::Client) -> Result<()> {
     let accounts: Api<ServiceAccount> =
         Api::namespaced(client.clone(), wire::DEFAULT_SANDBOX_NAMESPACE);
     wait_for(
@@ -350,5 +385,14 @@ async fn wait_default_service_account(client: &kube::Client) -> Result<()> {
         },
     )
     .await?;
+    plane
+        .kubectl(&[
+            "apply",
+            "--server-side",
+            "--validate=strict",
+            "-k",
+            "deploy/sandboxes",
+        ])
+        .await?;
     Ok(())
 }

@@ -134,14 +134,7 @@ async fn request_counts(client: &Client) -> Result<BTreeMap<[String; 4], u64>> {
         let Some((labels, value)) = line.rsplit_once(' ') else {
             continue;
         };
-        let label = |name: &str| {
-            labels
-                .split(&format!("{name}=\""))
-                .nth(1)
-                .and_then(|rest| rest.split('"').next())
-                .unwrap_or_default()
-                .to_owned()
-        };
+        let label = |name: &str| super::metric_label(labels, name);
         // Floats in the exposition format ("12" or "1.2e+03").
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         let value = value.trim().parse::<f64>().unwrap_or(0.0) as u64;

@@ -214,14 +214,7 @@ impl SimAndControllerProcesses {
             let Some((labels, value)) = line.rsplit_once(' ') else {
                 continue;
             };
-            let label = |name: &str| {
-                labels
-                    .split(&format!("{name}=\""))
-                    .nth(1)
-                    .and_then(|rest| rest.split('"').next())
-                    .unwrap_or_default()
-                    .to_owned()
-            };
+            let label = |name: &str| super::metric_label(labels, name);
             counts.insert(
                 (label("verb"), label("group"), label("resource")),
                 value.trim().parse().unwrap_or(0),

@@ -141,6 +141,19 @@ pub(crate) fn list() {
     }
 }
 
+/// The value of label `name` in a Prometheus sample (`metric{code="200",verb="GET"}`, or its
+/// label set alone), empty when absent. Whole names only: `resource` is not `subresource`.
+pub(crate) fn metric_label(sample: &str, name: &str) -> String {
+    let labels = sample.split_once('{').map_or(sample, |(_, rest)| rest);
+    labels
+        .trim_end_matches('}')
+        .split(',')
+        .find_map(|pair| pair.strip_prefix(name)?.strip_prefix("=\""))
+        .and_then(|value| value.strip_suffix('"'))
+        .unwrap_or_default()
+        .to_owned()
+}
+
 /// Formats a duration with a unit that keeps three significant digits.
 pub(crate) fn format_duration(duration: Duration) -> String {
     let nanos = duration.as_secs_f64() * 1e9;
@@ -198,6 +211,15 @@ mod tests {
         .unwrap();
         let error = run(&root, &["nope/".to_owned()], Options { quick: true }, true).unwrap_err();
         assert!(error.to_string().contains("api/name-hash"), "{error}");
+    }
+
+    #[test]
+    fn metric_labels_are_found_by_whole_name() {
+        let sample = r#"apiserver_request_total{code="201",resource="pods",subresource="status",verb="POST"}"#;
+        assert_eq!(metric_label(sample, "resource"), "pods");
+        assert_eq!(metric_label(sample, "subresource"), "status");
+        assert_eq!(metric_label(sample, "verb"), "POST");
+        assert_eq!(metric_label(sample, "group"), "");
     }
 
     #[test]
