@@ -252,14 +252,7 @@ async fn a_warm_claim_runs_on_our_kubelet_through_the_router() {
     let client = plane.client().await.unwrap();
     // deploy/base would also run the controller and the router as pods; here they run as the
     // processes above (as pods on this node: the next tier).
-    plane
-        .kubectl(&[
-            "scale",
-            "deployment",
-            "--all",
-            "--replicas=0",
-            "--namespace=agent-sandbox-system",
-        ])
+    plane_target::scale_deploy_base_to_zero(&plane)
         .await
         .unwrap();
 

@@ -66,15 +66,7 @@ impl PlaneCluster {
             apply_gateway_api(&plane, dir).await?;
         }
         // The Deployments of deploy/base: run below as a process and a pod of ours instead.
-        plane
-            .kubectl(&[
-                "scale",
-                "deployment",
-                "--all",
-                "--replicas=0",
-                &format!("--namespace={}", wire::SYSTEM_NAMESPACE),
-            ])
-            .await?;
+        scale_deploy_base_to_zero(&plane).await?;
 
         let key = agent_sandbox_local::new_secret()?;
         create_signing_key_secret(&admin, &key).await?;
@@ -213,6 +205,21 @@ pub async fn apply_deploy(plane: &ControlPlane) -> Result<()> {
             "--validate=strict",
             "-k",
             "deploy/base",
+        ])
+        .await?;
+    Ok(())
+}
+
+/// Scales `deploy/base`'s Deployments (the controller's and the router's) to zero, for a tier
+/// that runs them otherwise (running them from their images as pods is the next tier's work).
+pub async fn scale_deploy_base_to_zero(plane: &ControlPlane) -> Result<()> {
+    plane
+        .kubectl(&[
+            "scale",
+            "deployment",
+            "--all",
+            "--replicas=0",
+            &format!("--namespace={}", wire::SYSTEM_NAMESPACE),
         ])
         .await?;
     Ok(())
