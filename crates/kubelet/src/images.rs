@@ -223,6 +223,33 @@ impl Templates {
     }
 }
 
+/// Narrows a wildcard listen address to the pod IP: pods share the node's network namespace
+/// here, so two pods that each bind `0.0.0.0:8080` (as they may, each in a network namespace
+/// of its own, on a node) would collide. Rewrites `0.0.0.0:`, `[::]:` and `:::` followed by a
+/// port, and a whole value (or `flag=value`) of `0.0.0.0` or `::`; nothing else.
+pub(crate) fn narrow_wildcards(text: &str, pod_ip: &str) -> String {
+    if pod_ip.is_empty() {
+        return text.to_owned();
+    }
+    let (prefix, value) = match text.split_once('=') {
+        Some((flag, value)) if flag.starts_with('-') => (format!("{flag}="), value),
+        _ => (String::new(), text),
+    };
+    let narrowed = if value == "0.0.0.0" || value == "::" || value == "[::]" {
+        pod_ip.to_owned()
+    } else if let Some(port) = value
+        .strip_prefix("0.0.0.0:")
+        .or_else(|| value.strip_prefix("[::]:"))
+        .or_else(|| value.strip_prefix(":::"))
+        .filter(|port| !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()))
+    {
+        format!("{pod_ip}:{port}")
+    } else {
+        return text.to_owned();
+    };
+    format!("{prefix}{narrowed}")
+}
+
 /// Expands Kubernetes `$(VAR)` references from `env`; `$$(VAR)` escapes; unknown references
 /// stay as written.
 pub(crate) fn expand_vars(text: &str, env: &BTreeMap<String, String>) -> String {
@@ -287,6 +314,34 @@ pub(crate) fn find_program(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wildcard_listen_addresses_narrow_to_the_pod_ip() {
+        let ip = "10.244.0.7";
+        for (given, want) in [
+            ("--listen=0.0.0.0:8080", "--listen=10.244.0.7:8080"),
+            (
+                "--metrics-bind-address=[::]:8080",
+                "--metrics-bind-address=10.244.0.7:8080",
+            ),
+            ("0.0.0.0:9090", "10.244.0.7:9090"),
+            ("--bind-address=0.0.0.0", "--bind-address=10.244.0.7"),
+            ("0.0.0.0", "10.244.0.7"),
+            (":::8443", "10.244.0.7:8443"),
+        ] {
+            assert_eq!(narrow_wildcards(given, ip), want, "{given}");
+        }
+        for untouched in [
+            "--listen=127.0.0.1:8080",
+            "--cidr=0.0.0.0/0",
+            "echo 0.0.0.0:80 is everywhere",
+            "10.0.0.0:80",
+            "0.0.0.0:http",
+        ] {
+            assert_eq!(narrow_wildcards(untouched, ip), untouched);
+        }
+        assert_eq!(narrow_wildcards("0.0.0.0:80", ""), "0.0.0.0:80");
+    }
 
     #[test]
     fn globs_match_whole_references() {

@@ -57,6 +57,33 @@ pub struct KubeletConfig {
     /// Serve the kubelet API over HTTPS (logs, port-forward) for a real API server to call;
     /// the Node then publishes its port instead of `kubelet_port`.
     pub api: Option<ApiServing>,
+    /// Where this node's pods reach the API server, given to every container as the
+    /// `kubernetes` Service (`KUBERNETES_SERVICE_HOST`/`_PORT`, which in-cluster configuration
+    /// reads). A node's kube-proxy leads the Service's ClusterIP there; this node has none, so
+    /// it gives the address itself. `None`: not set.
+    pub kubernetes_service: Option<SocketAddr>,
+    /// Where pod IPs come from.
+    pub pod_network: PodNetwork,
+}
+
+/// Where pod IPs come from. Every pod shares the node's network namespace; an IP is an
+/// address the kernel treats as local, chosen where the pod's ports are free.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PodNetwork {
+    /// Random addresses in 127.1.0.1–127.254.255.254 (the default: works anywhere, but a
+    /// real API server refuses loopback addresses in EndpointSlices, so Services get no
+    /// endpoints).
+    #[default]
+    Loopback,
+    /// Addresses from this IPv4 range, which the network namespace the kubelet runs in must
+    /// route locally (`ip route add local 10.244.0.0/16 dev lo`, in a namespace of its own).
+    /// Its network, first and broadcast addresses are never given out.
+    Local {
+        /// The range's first address.
+        network: Ipv4Addr,
+        /// Its prefix length (8–30).
+        prefix: u8,
+    },
 }
 
 impl KubeletConfig {
@@ -77,6 +104,8 @@ impl KubeletConfig {
             kubelet_port: None,
             exe: std::env::current_exe().ok(),
             api: None,
+            kubernetes_service: None,
+            pod_network: PodNetwork::Loopback,
         }
     }
 }
@@ -104,6 +133,8 @@ pub(crate) struct Context {
     pub(crate) fast_probe: Duration,
     pub(crate) processes: Arc<ProcessTable>,
     pub(crate) exe: Option<PathBuf>,
+    pub(crate) kubernetes_service: Option<SocketAddr>,
+    pub(crate) pod_network: PodNetwork,
     pub(crate) events: Recorder,
     /// The pods the workers run, by uid.
     pub(crate) pods: Mutex<HashMap<String, PodRuntime>>,
@@ -202,6 +233,8 @@ impl Kubelet {
             fast_probe: config.fast_probe_interval,
             processes: Arc::new(ProcessTable::default()),
             exe: config.exe,
+            kubernetes_service: config.kubernetes_service,
+            pod_network: config.pod_network,
             events,
             pods: Mutex::new(HashMap::new()),
         });

@@ -4,8 +4,10 @@
 //!
 //! [`Kubelet`] registers its Node and renews its heartbeat Lease ([`node`]), watches the pods
 //! bound to it and runs each in a worker ([`pod`]) that starts its containers as process groups
-//! ([`process`], optionally in bubblewrap) chosen through the [`ImageTable`] ([`images`]), gives
-//! the pod a loopback address as its IP ([`net`]), runs readiness probes ([`probe`]), patches
+//! ([`process`], optionally in bubblewrap) chosen through the [`ImageTable`] ([`images`]), sets
+//! up the volumes they mount (ConfigMap, Secret, downward-API and projected ServiceAccount-token
+//! volumes: [`volumes`]), gives the pod an address of the [`PodNetwork`] as its IP ([`net`]),
+//! runs readiness and liveness probes ([`probe`]), patches
 //! `pods/status` ([`pod_status`], sans IO), records Events ([`events`]), writes the containers'
 //! logs to disk ([`logs`]) and, on deletion, stops the processes before confirming. The kubelet
 //! API's pieces: logs and port-forward in process ([`Kubelet::logs`], [`Kubelet::port_forward`]),
@@ -30,10 +32,11 @@ mod probe;
 mod process;
 mod server;
 pub mod spdy;
+mod volumes;
 
 pub use error::{Error, Result};
 pub use images::{DefaultReadiness, ImageEntry, ImageTable, Program, runtime_entry};
-pub use kubelet::{Kubelet, KubeletConfig, PodKey};
+pub use kubelet::{Kubelet, KubeletConfig, PodKey, PodNetwork};
 pub use logs::{LogOptions, LogStream};
 pub use process::{Isolation, bwrap_available};
 pub use server::ApiServing;

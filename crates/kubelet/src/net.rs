@@ -1,13 +1,16 @@
-//! Pod IP allocation: a random loopback address per pod, never `127.0.0.1`.
+//! Pod IP allocation: a random address per pod from the [`PodNetwork`] (loopback by default,
+//! never `127.0.0.1`).
 //!
 //! Many sims run at once (parallel tests, several test binaries, other people's runs), so
-//! addresses are drawn at random across 127.1.0.0–127.254.255.254, skipped when this process
-//! already handed them out, and kept only when every port the pod will listen on can be bound
-//! there (a probe bind that is released immediately).
+//! addresses are drawn at random across the range (127.1.0.0–127.254.255.254 for loopback),
+//! skipped when this process already handed them out, and kept only when every port the pod
+//! will listen on can be bound there (a probe bind that is released immediately).
 
 use std::collections::HashSet;
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener};
 use std::sync::{Mutex, OnceLock, PoisonError};
+
+use crate::kubelet::PodNetwork;
 
 fn in_use() -> &'static Mutex<HashSet<Ipv4Addr>> {
     static IN_USE: OnceLock<Mutex<HashSet<Ipv4Addr>>> = OnceLock::new();
@@ -22,6 +25,20 @@ pub(crate) fn candidate() -> Ipv4Addr {
         fastrand::u8(..),
         fastrand::u8(1..255),
     )
+}
+
+/// A random candidate of `network`: in a range, neither its network, first nor broadcast
+/// address (the first is where a gateway would be).
+fn candidate_in(network: PodNetwork) -> Ipv4Addr {
+    match network {
+        PodNetwork::Loopback => candidate(),
+        PodNetwork::Local { network, prefix } => {
+            let prefix = u32::from(prefix.clamp(8, 30));
+            let size = 1u32 << (32 - prefix);
+            let base = u32::from(network) & !(size - 1);
+            Ipv4Addr::from(base + fastrand::u32(2..size - 1))
+        }
+    }
 }
 
 /// Whether every port can be bound on `ip` (port 0 stands for "any port").
@@ -46,10 +63,11 @@ fn ports_free(ip: Ipv4Addr, ports: &[u16]) -> bool {
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct PodIp(pub(crate) Ipv4Addr);
 
-/// Allocates an address where `ports` are free; `None` after many failed attempts.
-pub(crate) fn allocate(ports: &[u16]) -> Option<PodIp> {
+/// Allocates an address of `network` where `ports` are free; `None` after many failed
+/// attempts (for a range, also when the namespace does not route it locally).
+pub(crate) fn allocate(network: PodNetwork, ports: &[u16]) -> Option<PodIp> {
     for _ in 0..256 {
-        let ip = candidate();
+        let ip = candidate_in(network);
         {
             let mut reserved = in_use().lock().unwrap_or_else(PoisonError::into_inner);
             if reserved.contains(&ip) {
@@ -79,8 +97,8 @@ mod tests {
 
     #[test]
     fn addresses_are_loopback_distinct_and_usable() {
-        let a = allocate(&[8888]).unwrap();
-        let b = allocate(&[8888]).unwrap();
+        let a = allocate(PodNetwork::Loopback, &[8888]).unwrap();
+        let b = allocate(PodNetwork::Loopback, &[8888]).unwrap();
         assert_ne!(a, b);
         for ip in [a.0, b.0] {
             assert!(ip.is_loopback());
@@ -89,6 +107,27 @@ mod tests {
         }
         release(a.0);
         release(b.0);
+    }
+
+    #[test]
+    fn range_candidates_stay_inside_and_skip_the_reserved_addresses() {
+        let network = PodNetwork::Local {
+            network: Ipv4Addr::new(10, 244, 0, 0),
+            prefix: 30,
+        };
+        // A /30 has one address that is not network, first or broadcast.
+        for _ in 0..50 {
+            assert_eq!(candidate_in(network), Ipv4Addr::new(10, 244, 0, 2));
+        }
+        let wide = PodNetwork::Local {
+            network: Ipv4Addr::new(10, 244, 7, 9),
+            prefix: 16,
+        };
+        for _ in 0..200 {
+            let ip = candidate_in(wide).octets();
+            assert_eq!(ip[..2], [10, 244]);
+            assert!(ip != [10, 244, 0, 0] && ip != [10, 244, 0, 1] && ip != [10, 244, 255, 255]);
+        }
     }
 
     #[test]

@@ -4,32 +4,35 @@
 //! writer per pod, the latest status wins), and on deletion stops every process within the grace
 //! period before confirming.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
 use kube::Api;
-use kube::api::{Patch, PatchParams};
+use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use crate::events::EventNote;
-use crate::images::{ImageEntry, Program, Templates, expand_vars, find_program};
+use crate::images::{ImageEntry, Program, Templates, expand_vars, find_program, narrow_wildcards};
 use crate::kubelet::{Context, PodCommand, PodKey, confirm_deletion};
 use crate::logs::{PodPaths, log_file, pod_paths};
 use crate::net;
 use crate::node::error_chain;
 use crate::pod_status::{self, ContainerInfo, PodInfo, State, Terminated};
 use crate::probe::{self, Probe};
-use crate::process::{self, LaunchSpec, POD_DIR_IN_SANDBOX};
+use crate::process::{self, LaunchSpec, Mount, POD_DIR_IN_SANDBOX, Split};
+use crate::volumes::{self, Refs, Tokens};
 
 /// Restart back-off: doubles from this, capped at [`MAX_BACKOFF`].
 const BASE_BACKOFF: Duration = Duration::from_millis(500);
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
+/// How soon a mount that failed is tried again.
+const MOUNT_RETRY: Duration = Duration::from_secs(1);
 
 /// Messages from container tasks.
 #[derive(Debug)]
@@ -64,11 +67,6 @@ struct Plan {
     entry: ImageEntry,
 }
 
-/// The data of the ConfigMaps and Secrets a container references, by `(resource, name)`
-/// (`configmaps` or `secrets`); a missing object is absent. Secret values are decoded; those
-/// that are not UTF-8 are left out, as no environment variable or file can carry them here.
-type Refs = HashMap<(&'static str, String), BTreeMap<String, String>>;
-
 struct Worker {
     ctx: Arc<Context>,
     pod: Arc<Value>,
@@ -87,6 +85,9 @@ struct Worker {
     init_handles: Vec<Option<Handle>>,
     handles: Vec<Option<Handle>>,
     probes: Vec<Option<ProbeState>>,
+    liveness: Vec<Option<ProbeState>>,
+    /// When a container that failed its liveness probe (and was sent SIGTERM) gets SIGKILL.
+    kill_at: Vec<Option<Instant>>,
     restart_at: Vec<Option<Instant>>,
     init_restart_at: Option<(usize, Instant)>,
     exits_tx: mpsc::UnboundedSender<Exit>,
@@ -269,6 +270,8 @@ impl Worker {
             init_handles: init_specs.iter().map(|_| None).collect(),
             handles: specs.iter().map(|_| None).collect(),
             probes: specs.iter().map(|_| None).collect(),
+            liveness: specs.iter().map(|_| None).collect(),
+            kill_at: specs.iter().map(|_| None).collect(),
             restart_at: specs.iter().map(|_| None).collect(),
             env_cache: Vec::new(),
             init_restart_at: None,
@@ -412,11 +415,15 @@ impl Worker {
         }
         ports.sort_unstable();
         ports.dedup();
-        let Some(ip) = net::allocate(&ports) else {
+        let Some(ip) = net::allocate(self.ctx.pod_network, &ports) else {
             self.event(
                 "Warning",
                 "FailedCreatePodSandBox",
-                "no free loopback address for the pod IP",
+                &format!(
+                    "no free address for the pod IP in {:?} (where the pod's ports are free \
+                     and the network namespace routes it locally)",
+                    self.ctx.pod_network
+                ),
             );
             self.write_status();
             return false;
@@ -467,8 +474,10 @@ impl Worker {
     }
 
     /// Reads the ConfigMaps and Secrets `container` references (its environment, and under
-    /// bubblewrap the volumes it mounts) through the API.
-    async fn fetch_refs(&self, container: &Value) -> Refs {
+    /// bubblewrap the volumes it mounts) through the API, and requests the ServiceAccount
+    /// tokens its projected volumes need (bound to this pod, as a node's kubelet requests
+    /// them).
+    async fn fetch_refs(&self, container: &Value) -> (Refs, Result<Tokens, String>) {
         let mut wanted: Vec<(&'static str, String)> = Vec::new();
         let mut want = |resource: &'static str, name: Option<&str>| {
             if let Some(name) = name.filter(|n| !n.is_empty())
@@ -506,32 +515,13 @@ impl Worker {
                     .and_then(Value::as_str),
             );
         }
+        let mut tokens = Vec::new();
         if self.ctx.bwrap {
-            let mounted: Vec<String> = list("volumeMounts")
-                .iter()
-                .filter_map(|m| m.get("name").and_then(Value::as_str).map(str::to_owned))
-                .collect();
-            for volume in self
-                .pod
-                .pointer("/spec/volumes")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .filter(|v| {
-                    mounted
-                        .iter()
-                        .any(|m| Some(m.as_str()) == v.get("name").and_then(Value::as_str))
-                })
-            {
-                want(
-                    "configmaps",
-                    volume.pointer("/configMap/name").and_then(Value::as_str),
-                );
-                want(
-                    "secrets",
-                    volume.pointer("/secret/secretName").and_then(Value::as_str),
-                );
+            let (objects, needed) = volumes::needs(&volumes::mounted(&self.pod, container));
+            for (resource, name) in objects {
+                want(resource, Some(&name));
             }
+            tokens = needed;
         }
         let mut refs = Refs::new();
         for (resource, name) in wanted {
@@ -557,7 +547,46 @@ impl Worker {
                 ),
             }
         }
-        refs
+        let tokens = self.request_tokens(tokens).await;
+        (refs, tokens)
+    }
+
+    async fn request_tokens(&self, needs: Vec<volumes::TokenNeed>) -> Result<Tokens, String> {
+        let mut tokens = Tokens::new();
+        if needs.is_empty() {
+            return Ok(tokens);
+        }
+        let account = self
+            .pod
+            .pointer("/spec/serviceAccountName")
+            .and_then(Value::as_str)
+            .filter(|a| !a.is_empty())
+            .unwrap_or("default");
+        let api: Api<ServiceAccount> = Api::namespaced(self.ctx.client.clone(), &self.namespace);
+        for need in needs {
+            let request = json!({
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenRequest",
+                "spec": {
+                    "audiences": need.audience.iter().collect::<Vec<_>>(),
+                    "expirationSeconds": need.expiration_seconds,
+                    "boundObjectRef": {"apiVersion": "v1", "kind": "Pod",
+                                       "name": self.name, "uid": self.key.uid},
+                },
+            });
+            let answer: TokenRequest = api
+                .create_subresource("token", account, &PostParams::default(), &request)
+                .await
+                .map_err(|error| {
+                    format!(
+                        "requesting a token for ServiceAccount {account:?}: {}",
+                        error_chain(&error)
+                    )
+                })?;
+            let token = answer.status.map(|s| s.token).unwrap_or_default();
+            tokens.insert(need.key, token);
+        }
+        Ok(tokens)
     }
 
     fn field_ref(&self, path: &str) -> Option<String> {
@@ -610,6 +639,25 @@ impl Worker {
         );
         env.insert("HOME".to_owned(), templates.pod_dir.clone());
         env.insert("HOSTNAME".to_owned(), self.name.clone());
+        // The `kubernetes` Service, as a node gives it to every container (in-cluster
+        // configuration reads these), at the address this node's pods reach the API server at.
+        if let Some(api) = self.ctx.kubernetes_service {
+            let (host, port) = (api.ip().to_string(), api.port().to_string());
+            env.insert("KUBERNETES_SERVICE_HOST".to_owned(), host.clone());
+            env.insert("KUBERNETES_SERVICE_PORT".to_owned(), port.clone());
+            env.insert("KUBERNETES_SERVICE_PORT_HTTPS".to_owned(), port.clone());
+            env.insert("KUBERNETES_PORT".to_owned(), format!("tcp://{api}"));
+            env.insert(
+                format!("KUBERNETES_PORT_{port}_TCP"),
+                format!("tcp://{api}"),
+            );
+            env.insert(
+                format!("KUBERNETES_PORT_{port}_TCP_PROTO"),
+                "tcp".to_owned(),
+            );
+            env.insert(format!("KUBERNETES_PORT_{port}_TCP_PORT"), port.clone());
+            env.insert(format!("KUBERNETES_PORT_{port}_TCP_ADDR"), host);
+        }
         for (name, value) in &entry.env {
             env.insert(name.clone(), templates.expand(value));
         }
@@ -682,6 +730,9 @@ impl Worker {
                 env.insert(name.to_owned(), value);
             }
         }
+        for value in env.values_mut() {
+            *value = narrow_wildcards(value, &templates.pod_ip);
+        }
         env
     }
 
@@ -753,13 +804,23 @@ impl Worker {
         if argv.is_empty() {
             argv.push(String::new());
         }
+        for arg in argv.iter_mut().skip(1) {
+            *arg = narrow_wildcards(arg, &templates.pod_ip);
+        }
         Ok(argv)
     }
 
-    /// Prepares the volumes a container mounts (bubblewrap only: plain processes see the host).
-    fn mounts(&self, container: &Value, refs: &Refs) -> Vec<(PathBuf, String)> {
+    /// Prepares the volumes a container mounts (bubblewrap only: plain processes see the host):
+    /// the directories of PersistentVolumeClaims and `emptyDir`s, and the files of
+    /// projection volumes ([`volumes`]). An error is a failed mount (the container waits).
+    fn mounts(
+        &self,
+        container: &Value,
+        refs: &Refs,
+        tokens: &Tokens,
+    ) -> Result<(Vec<Mount>, Vec<Split>), String> {
         if !self.ctx.bwrap {
-            return Vec::new();
+            return Ok((Vec::new(), Vec::new()));
         }
         let volumes = self
             .pod
@@ -767,7 +828,8 @@ impl Worker {
             .and_then(Value::as_array)
             .cloned()
             .unwrap_or_default();
-        let mut mounts = Vec::new();
+        let field = |path: &str| self.field_ref(path);
+        let mut wanted = Vec::new();
         for mount in container
             .get("volumeMounts")
             .and_then(Value::as_array)
@@ -784,8 +846,9 @@ impl Worker {
                 .iter()
                 .find(|v| v.get("name").and_then(Value::as_str) == Some(name))
             else {
-                continue;
+                return Err(format!("volume {name:?} is not in the pod's volumes"));
             };
+            let mut read_only = mount.get("readOnly").and_then(Value::as_bool) == Some(true);
             let host = if let Some(claim) = volume
                 .pointer("/persistentVolumeClaim/claimName")
                 .and_then(Value::as_str)
@@ -793,36 +856,35 @@ impl Worker {
                 self.ctx.volumes_dir.join(&self.namespace).join(claim)
             } else if volume.get("emptyDir").is_some() {
                 self.paths.root.join("volumes").join(name)
-            } else if let Some((resource, object_name)) = volume
-                .pointer("/configMap/name")
-                .and_then(Value::as_str)
-                .map(|n| ("configmaps", n))
-                .or_else(|| {
-                    volume
-                        .pointer("/secret/secretName")
-                        .and_then(Value::as_str)
-                        .map(|n| ("secrets", n))
-                })
-            {
+            } else if volumes::is_projection(volume) {
+                let files = volumes::files(volume, refs, tokens, &field).map_err(|error| {
+                    format!("MountVolume.SetUp failed for volume {name:?}: {error}")
+                })?;
                 let dir = self.paths.root.join("volumes").join(name);
-                if let Some(data) = refs.get(&(resource, object_name.to_owned())) {
-                    let _ = std::fs::create_dir_all(&dir);
-                    for (key, value) in data {
-                        let _ = std::fs::write(dir.join(key), value);
-                    }
-                }
+                volumes::write_files(&dir, &files).map_err(|error| {
+                    format!("writing volume {name:?} into {}: {error}", dir.display())
+                })?;
+                read_only = true;
                 dir
             } else {
-                continue;
+                return Err(format!(
+                    "volume {name:?}: a kind this kubelet does not support (emptyDir, \
+                     persistentVolumeClaim, configMap, secret, downwardAPI and projected are)"
+                ));
             };
-            if std::fs::create_dir_all(&host).is_ok() {
-                mounts.push((host, path.to_owned()));
-            }
+            std::fs::create_dir_all(&host)
+                .map_err(|error| format!("creating {}: {error}", host.display()))?;
+            wanted.push((host, path.to_owned(), read_only));
         }
-        mounts
+        process::prepare_mounts(wanted)
     }
 
-    fn plan(&self, container: &Value, refs: &Refs) -> Result<Plan, String> {
+    fn plan(
+        &self,
+        container: &Value,
+        refs: &Refs,
+        (mounts, splits): (Vec<Mount>, Vec<Split>),
+    ) -> Result<Plan, String> {
         let image = container
             .get("image")
             .and_then(Value::as_str)
@@ -856,7 +918,8 @@ impl Worker {
                     .unwrap_or(&self.name)
                     .to_owned(),
                 pod_dir: self.paths.app.clone(),
-                mounts: self.mounts(container, refs),
+                mounts,
+                splits,
                 log: log_file(&self.paths, name, false),
             },
             entry,
@@ -873,8 +936,25 @@ impl Worker {
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_owned();
-        let refs = self.fetch_refs(&container).await;
-        let plan = match self.plan(&container, &refs) {
+        let (refs, tokens) = self.fetch_refs(&container).await;
+        // A volume that cannot be set up yet (a Secret not created yet, the cluster's CA not
+        // published yet, a token refused) is retried, as a node retries mounts.
+        let mounted = tokens.and_then(|tokens| self.mounts(&container, &refs, &tokens));
+        let mounts = match mounted {
+            Ok(ok) => ok,
+            Err(message) => {
+                self.set_waiting(init, index, "ContainerCreating", message.clone());
+                self.event("Warning", "FailedMount", &message);
+                let retry = Instant::now() + MOUNT_RETRY;
+                if init {
+                    self.init_restart_at = Some((index, retry));
+                } else if let Some(slot) = self.restart_at.get_mut(index) {
+                    *slot = Some(retry);
+                }
+                return;
+            }
+        };
+        let plan = match self.plan(&container, &refs, mounts) {
             Ok(plan) => plan,
             Err(message) => {
                 self.set_waiting(init, index, "RunContainerError", message.clone());
@@ -948,6 +1028,15 @@ impl Worker {
             let ready_now = probe.is_none();
             if let Some(slot) = self.probes.get_mut(index) {
                 *slot = probe.map(|probe| ProbeState {
+                    next: Instant::now() + probe.initial_delay,
+                    probe,
+                    successes: 0,
+                    failures: 0,
+                    ever: false,
+                });
+            }
+            if let Some(slot) = self.liveness.get_mut(index) {
+                *slot = probe::liveness(&container, ip).map(|probe| ProbeState {
                     next: Instant::now() + probe.initial_delay,
                     probe,
                     successes: 0,
@@ -1049,7 +1138,16 @@ impl Worker {
             self.write_status();
             return;
         }
-        if let Some(slot) = self.probes.get_mut(exit.index) {
+        for slot in [
+            self.probes.get_mut(exit.index),
+            self.liveness.get_mut(exit.index),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            *slot = None;
+        }
+        if let Some(slot) = self.kill_at.get_mut(exit.index) {
             *slot = None;
         }
         let name = self
@@ -1103,8 +1201,18 @@ impl Worker {
     }
 
     fn next_wake(&self) -> Option<Instant> {
-        let probes = self.probes.iter().flatten().map(|p| p.next);
-        let restarts = self.restart_at.iter().flatten().copied();
+        let probes = self
+            .probes
+            .iter()
+            .chain(&self.liveness)
+            .flatten()
+            .map(|p| p.next);
+        let restarts = self
+            .restart_at
+            .iter()
+            .chain(&self.kill_at)
+            .flatten()
+            .copied();
         let init = self.init_restart_at.map(|(_, at)| at);
         probes.chain(restarts).chain(init).min()
     }
@@ -1125,6 +1233,15 @@ impl Worker {
                 self.write_status();
             }
         }
+        for index in 0..self.kill_at.len() {
+            if self.kill_at[index].is_some_and(|at| at <= now_instant) {
+                self.kill_at[index] = None;
+                if let Some(handle) = self.handles.get(index).and_then(Option::as_ref) {
+                    let _ = handle.control.send(true);
+                }
+            }
+        }
+        self.check_liveness(now_instant).await;
         let mut changed = false;
         for index in 0..self.probes.len() {
             let due = self.probes[index]
@@ -1175,6 +1292,70 @@ impl Worker {
         }
         if changed {
             self.write_status();
+        }
+    }
+
+    /// Runs the liveness probes that are due; a container that fails `failureThreshold` in a
+    /// row is stopped (SIGTERM, SIGKILL after the pod's grace period) and then restarted per
+    /// `restartPolicy`, as a node does.
+    async fn check_liveness(&mut self, now_instant: Instant) {
+        for index in 0..self.liveness.len() {
+            let Some(state) = self.liveness[index]
+                .as_ref()
+                .filter(|p| p.next <= now_instant)
+            else {
+                continue;
+            };
+            let env = self.env_cache.get(index).cloned().unwrap_or_default();
+            let ok = probe::check(
+                &state.probe.action,
+                state.probe.timeout,
+                &env,
+                &self.paths.app,
+            )
+            .await;
+            let Some(state) = self.liveness[index].as_mut() else {
+                continue;
+            };
+            state.next = Instant::now() + state.probe.period;
+            if ok {
+                state.failures = 0;
+                continue;
+            }
+            state.failures += 1;
+            let failed = state.failures >= state.probe.failure_threshold;
+            let name = self
+                .specs
+                .get(index)
+                .and_then(|c| c.get("name"))
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned();
+            self.event(
+                "Warning",
+                "Unhealthy",
+                &format!("Liveness probe failed ({name})"),
+            );
+            if !failed {
+                continue;
+            }
+            self.liveness[index] = None;
+            self.event(
+                "Normal",
+                "Killing",
+                &format!("Container {name} failed liveness probe, will be restarted"),
+            );
+            if let Some(handle) = self.handles.get(index).and_then(Option::as_ref) {
+                let _ = handle.control.send(false);
+            }
+            let grace = self
+                .pod
+                .pointer("/spec/terminationGracePeriodSeconds")
+                .and_then(Value::as_u64)
+                .unwrap_or(30);
+            if let Some(slot) = self.kill_at.get_mut(index) {
+                *slot = Some(Instant::now() + Duration::from_secs(grace));
+            }
         }
     }
 

@@ -1,4 +1,5 @@
-//! Readiness probes: parsing a container's probe (sans IO) and running one check.
+//! Readiness and liveness probes: parsing a container's probe (sans IO) and running one
+//! check.
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
@@ -84,6 +85,17 @@ pub(crate) fn readiness(
             failure_threshold: 3,
         });
     };
+    parse(probe, container, pod_ip)
+}
+
+/// The liveness probe of `container` on `pod_ip` (none by default: a container without one is
+/// alive while it runs).
+pub(crate) fn liveness(container: &Value, pod_ip: IpAddr) -> Option<Probe> {
+    parse(container.get("livenessProbe")?, container, pod_ip)
+}
+
+/// A probe's action and timing, with the API's defaults.
+fn parse(probe: &Value, container: &Value, pod_ip: IpAddr) -> Option<Probe> {
     let action = if let Some(http) = probe.get("httpGet") {
         let host_ip = http
             .get("host")
@@ -210,6 +222,26 @@ pub(crate) async fn check(
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn liveness_probes_have_no_default_and_keep_their_timing() {
+        let ip: IpAddr = "10.244.0.9".parse().unwrap();
+        assert_eq!(liveness(&json!({}), ip), None);
+        let container = json!({"ports": [{"name": "health", "containerPort": 8081}],
+            "livenessProbe": {"httpGet": {"path": "/healthz", "port": "health"},
+                              "initialDelaySeconds": 5, "periodSeconds": 10}});
+        let probe = liveness(&container, ip).unwrap();
+        assert_eq!(
+            probe.action,
+            ProbeAction::Http {
+                addr: "10.244.0.9:8081".parse().unwrap(),
+                path: "/healthz".into(),
+                host: "10.244.0.9".into()
+            }
+        );
+        assert_eq!(probe.initial_delay, Duration::from_secs(5));
+        assert_eq!(probe.failure_threshold, 3);
+    }
 
     #[test]
     fn parses_http_probe_with_named_port() {

@@ -98,29 +98,146 @@ pub(crate) const POD_DIR_IN_SANDBOX: &str = "/app";
 pub(crate) enum RootEntry {
     Dir(String),
     Symlink(String, String),
+    /// A regular file (only below the root: see [`Split`]).
+    File(String),
+}
+
+/// One volume mount of a container, as bubblewrap makes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Mount {
+    /// The directory on the host.
+    pub(crate) host: PathBuf,
+    /// Where it appears: an absolute path without symlinks (as the sandbox resolves them).
+    pub(crate) dest: String,
+    pub(crate) read_only: bool,
+}
+
+/// A directory of the host that the sandbox shows read-only and under which a mount point must
+/// be made (`/etc` for a Secret at `/etc/app/key` when the host has no `/etc/app`): bubblewrap
+/// puts a tmpfs there showing the same entries, makes the mount point on it, and remounts it
+/// read-only.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Split {
+    pub(crate) dir: String,
+    pub(crate) entries: Vec<RootEntry>,
+}
+
+/// The entries of a host directory (symlinks as they are, directories and regular files).
+fn host_entries(dir: &Path) -> Vec<RootEntry> {
+    let mut entries = Vec::new();
+    let Ok(read) = std::fs::read_dir(dir) else {
+        return entries;
+    };
+    for entry in read.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let path = entry.path();
+        if let Ok(target) = std::fs::read_link(&path) {
+            entries.push(RootEntry::Symlink(
+                name,
+                target.to_string_lossy().into_owned(),
+            ));
+        } else if path.is_dir() {
+            entries.push(RootEntry::Dir(name));
+        } else if path.is_file() {
+            entries.push(RootEntry::File(name));
+        }
+    }
+    entries.sort_by(|a, b| format!("{a:?}").cmp(&format!("{b:?}")));
+    entries
+}
+
+/// Resolves where each `(host, mountPath, readOnly)` appears in the sandbox and which host
+/// directories must be split for the mount points to be made ([`Split`]). A mount path is
+/// refused (with the reason) when it is not absolute, has `..` in it, or lands on a file.
+pub(crate) fn prepare_mounts(
+    wanted: Vec<(PathBuf, String, bool)>,
+) -> Result<(Vec<Mount>, Vec<Split>), String> {
+    let mut mounts = Vec::new();
+    let mut split_dirs: Vec<String> = Vec::new();
+    for (host, path, read_only) in wanted {
+        let relative = path
+            .strip_prefix('/')
+            .ok_or_else(|| format!("mountPath {path:?} is not absolute"))?;
+        let parts: Vec<&str> = relative.split('/').filter(|p| !p.is_empty()).collect();
+        if parts.contains(&"..") || parts.is_empty() {
+            return Err(format!("mountPath {path:?} must name a directory below /"));
+        }
+        if OWN_ROOT.contains(&parts[0]) {
+            // The sandbox's own writable directories: mount points are made there as asked.
+            mounts.push(Mount {
+                host,
+                dest: format!("/{}", parts.join("/")),
+                read_only,
+            });
+            continue;
+        }
+        // The deepest part the host has, with its symlinks resolved as the sandbox (which shows
+        // the host's tree) resolves them; the rest is made.
+        let mut existing = PathBuf::from("/");
+        let mut rest = parts.len();
+        for (index, part) in parts.iter().enumerate() {
+            let next = existing.join(part);
+            match std::fs::canonicalize(&next) {
+                Ok(resolved) => existing = resolved,
+                Err(_) => {
+                    rest = index;
+                    break;
+                }
+            }
+        }
+        if !existing.is_dir() {
+            return Err(format!(
+                "mountPath {path:?} is under {}, which is not a directory",
+                existing.display()
+            ));
+        }
+        let base = existing.to_string_lossy().into_owned();
+        let dest = std::iter::once(base.trim_end_matches('/').to_owned())
+            .chain(parts[rest..].iter().map(|p| (*p).to_owned()))
+            .collect::<Vec<_>>()
+            .join("/");
+        let dest = if dest.is_empty() {
+            "/".to_owned()
+        } else {
+            dest
+        };
+        let top = base
+            .trim_start_matches('/')
+            .split('/')
+            .next()
+            .unwrap_or_default();
+        if rest < parts.len()
+            && base != "/"
+            && !OWN_ROOT.contains(&top)
+            && !split_dirs.contains(&base)
+        {
+            split_dirs.push(base);
+        }
+        mounts.push(Mount {
+            host,
+            dest,
+            read_only,
+        });
+    }
+    // Shallow first, so that a deeper split lands on the tmpfs of a shallower one.
+    split_dirs.sort_by_key(|dir| dir.matches('/').count());
+    let splits = split_dirs
+        .into_iter()
+        .map(|dir| Split {
+            entries: host_entries(Path::new(&dir)),
+            dir,
+        })
+        .collect();
+    Ok((mounts, splits))
 }
 
 fn host_root() -> &'static [RootEntry] {
     static ROOT: OnceLock<Vec<RootEntry>> = OnceLock::new();
     ROOT.get_or_init(|| {
-        let mut entries = Vec::new();
-        let Ok(read) = std::fs::read_dir("/") else {
-            return entries;
-        };
-        for entry in read.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let path = entry.path();
-            if let Ok(target) = std::fs::read_link(&path) {
-                entries.push(RootEntry::Symlink(
-                    name,
-                    target.to_string_lossy().into_owned(),
-                ));
-            } else if path.is_dir() {
-                entries.push(RootEntry::Dir(name));
-            }
-        }
-        entries.sort_by(|a, b| format!("{a:?}").cmp(&format!("{b:?}")));
-        entries
+        host_entries(Path::new("/"))
+            .into_iter()
+            .filter(|entry| !matches!(entry, RootEntry::File(_)))
+            .collect()
     })
 }
 
@@ -135,8 +252,10 @@ pub(crate) struct LaunchSpec {
     pub(crate) hostname: String,
     /// The pod's directory on the host.
     pub(crate) pod_dir: PathBuf,
-    /// Extra writable mounts (host path, path in the sandbox); bubblewrap only.
-    pub(crate) mounts: Vec<(PathBuf, String)>,
+    /// Volume mounts; bubblewrap only.
+    pub(crate) mounts: Vec<Mount>,
+    /// Read-only host directories to rebuild so that mount points can be made below them.
+    pub(crate) splits: Vec<Split>,
     /// File that receives stdout and stderr.
     pub(crate) log: PathBuf,
 }
@@ -184,12 +303,37 @@ pub(crate) fn bwrap_args(root: &[RootEntry], spec: &LaunchSpec) -> Vec<OsString>
     if let Some(program) = spec.argv.first().filter(|p| p.starts_with("/tmp/")) {
         args.extend(["--ro-bind", program, program].map(OsString::from));
     }
-    for (host, dest) in &spec.mounts {
+    for split in &spec.splits {
+        args.extend(["--tmpfs", &split.dir].map(OsString::from));
+        for entry in &split.entries {
+            match entry {
+                RootEntry::Dir(name) | RootEntry::File(name) => {
+                    let path = format!("{}/{name}", split.dir);
+                    args.extend(["--ro-bind", &path, &path].map(OsString::from));
+                }
+                RootEntry::Symlink(name, target) => {
+                    let path = format!("{}/{name}", split.dir);
+                    args.extend(["--symlink", target, &path].map(OsString::from));
+                }
+            }
+        }
+    }
+    for mount in &spec.mounts {
         args.push("--dir".into());
-        args.push(dest.into());
-        args.push("--bind".into());
-        args.push(host.clone().into_os_string());
-        args.push(dest.into());
+        args.push(mount.dest.clone().into());
+        args.push(
+            if mount.read_only {
+                "--ro-bind"
+            } else {
+                "--bind"
+            }
+            .into(),
+        );
+        args.push(mount.host.clone().into_os_string());
+        args.push(mount.dest.clone().into());
+    }
+    for split in &spec.splits {
+        args.extend(["--remount-ro", &split.dir].map(OsString::from));
     }
     let workdir = spec.workdir.as_deref().unwrap_or(POD_DIR_IN_SANDBOX);
     if !workdir.starts_with(POD_DIR_IN_SANDBOX) && !workdir.starts_with("/tmp") {
@@ -509,6 +653,78 @@ mod tests {
             text.ends_with("--remount-ro / --chdir /app -- /usr/bin/sh -c true"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_mount_point_below_a_read_only_host_directory_splits_that_directory() {
+        let spec = LaunchSpec {
+            argv: vec!["/usr/bin/true".into()],
+            pod_dir: PathBuf::from("/sim/pods/a"),
+            mounts: vec![Mount {
+                host: PathBuf::from("/sim/pods/a/volumes/key"),
+                dest: "/etc/app/key".into(),
+                read_only: true,
+            }],
+            splits: vec![Split {
+                dir: "/etc".into(),
+                entries: vec![
+                    RootEntry::File("hosts".into()),
+                    RootEntry::Dir("ssl".into()),
+                    RootEntry::Symlink("mtab".into(), "../proc/mounts".into()),
+                ],
+            }],
+            ..LaunchSpec::default()
+        };
+        let text = bwrap_args(&[RootEntry::Dir("etc".into())], &spec)
+            .into_iter()
+            .map(|a| a.into_string().unwrap())
+            .collect::<Vec<_>>()
+            .join(" ");
+        let expected = "--tmpfs /etc --ro-bind /etc/hosts /etc/hosts --ro-bind /etc/ssl /etc/ssl \
+             --symlink ../proc/mounts /etc/mtab --dir /etc/app/key \
+             --ro-bind /sim/pods/a/volumes/key /etc/app/key --remount-ro /etc --remount-ro /";
+        assert!(text.contains(expected), "{text}");
+        assert!(text.starts_with("--tmpfs / --ro-bind /etc /etc "), "{text}");
+    }
+
+    #[test]
+    fn mount_paths_resolve_host_symlinks_and_split_the_deepest_existing_directory() {
+        // Not under /tmp, which the sandbox makes its own (no split there).
+        let scratch = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let real = scratch.path().join("real");
+        std::fs::create_dir_all(real.join("present")).unwrap();
+        std::fs::write(real.join("file"), "x").unwrap();
+        std::os::unix::fs::symlink(&real, scratch.path().join("link")).unwrap();
+        let real = std::fs::canonicalize(&real).unwrap();
+        let link = std::fs::canonicalize(scratch.path()).unwrap().join("link");
+        let dest = |rest: &str| format!("{}/{rest}", link.display());
+        let (mounts, splits) = prepare_mounts(vec![
+            (PathBuf::from("/v/a"), dest("present"), true),
+            (PathBuf::from("/v/b"), dest("new/deeper"), false),
+            (PathBuf::from("/v/c"), "/tmp/x".into(), false),
+        ])
+        .unwrap();
+        let real = real.display().to_string();
+        assert_eq!(
+            mounts.iter().map(|m| m.dest.as_str()).collect::<Vec<_>>(),
+            [
+                format!("{real}/present").as_str(),
+                format!("{real}/new/deeper").as_str(),
+                "/tmp/x"
+            ]
+        );
+        assert_eq!(splits.len(), 1, "{splits:?}");
+        assert_eq!(splits[0].dir, real);
+        assert!(splits[0].entries.contains(&RootEntry::File("file".into())));
+        assert!(
+            splits[0]
+                .entries
+                .contains(&RootEntry::Dir("present".into()))
+        );
+        assert!(prepare_mounts(vec![(PathBuf::from("/v"), "rel".into(), true)]).is_err());
+        assert!(prepare_mounts(vec![(PathBuf::from("/v"), "/a/../b".into(), true)]).is_err());
+        let file = format!("{real}/file/below");
+        assert!(prepare_mounts(vec![(PathBuf::from("/v"), file, true)]).is_err());
     }
 
     #[test]

@@ -1,0 +1,444 @@
+//! The volumes a container mounts (sans IO apart from [`write_files`]): which ConfigMaps,
+//! Secrets and ServiceAccount tokens they need, and the files of `configMap`, `secret`,
+//! `downwardAPI` and `projected` volumes (the last is what the API server's ServiceAccount
+//! admission adds to every pod: a bound token, the cluster's CA from `kube-root-ca.crt`, and
+//! the namespace).
+//!
+//! As on a node: `items` choose and rename keys, `defaultMode` and per-item `mode` set the
+//! files' permissions, a missing object fails the mount unless the volume or source is
+//! `optional`, and these volumes are always mounted read-only.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Component, Path};
+
+use serde_json::Value;
+
+/// The data of the ConfigMaps and Secrets a container references, by `(resource, name)`
+/// (`configmaps` or `secrets`); a missing object is absent. Secret values are decoded; those
+/// that are not UTF-8 are left out, as no environment variable or file can carry them here.
+pub(crate) type Refs = HashMap<(&'static str, String), BTreeMap<String, String>>;
+
+/// A ServiceAccount token a projected volume needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct TokenNeed {
+    /// `volume/path`, the key of [`Tokens`].
+    pub(crate) key: String,
+    pub(crate) audience: Option<String>,
+    pub(crate) expiration_seconds: i64,
+}
+
+/// Tokens by [`TokenNeed::key`].
+pub(crate) type Tokens = HashMap<String, String>;
+
+/// One file of a volume.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct File {
+    /// Relative path inside the volume (checked: no `..`, not absolute).
+    pub(crate) path: String,
+    pub(crate) data: Vec<u8>,
+    pub(crate) mode: u32,
+}
+
+/// The default of `defaultMode` (0644), as the API server defaults it.
+const DEFAULT_MODE: u32 = 0o644;
+/// A projected token's lifetime when the source gives none (the API's default).
+const DEFAULT_TOKEN_SECONDS: i64 = 3600;
+
+/// The volumes of `pod` that `container` mounts.
+pub(crate) fn mounted<'a>(pod: &'a Value, container: &Value) -> Vec<&'a Value> {
+    let names: Vec<&str> = container
+        .get("volumeMounts")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m.get("name").and_then(Value::as_str))
+        .collect();
+    pod.pointer("/spec/volumes")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|v| {
+            v.get("name")
+                .and_then(Value::as_str)
+                .is_some_and(|n| names.contains(&n))
+        })
+        .collect()
+}
+
+/// The ConfigMaps and Secrets (`(resource, name)`) and the tokens that `volumes` need.
+pub(crate) fn needs(volumes: &[&Value]) -> (Vec<(&'static str, String)>, Vec<TokenNeed>) {
+    let mut objects = Vec::new();
+    let mut tokens = Vec::new();
+    let mut object = |resource: &'static str, name: Option<&str>| {
+        if let Some(name) = name.filter(|n| !n.is_empty())
+            && !objects.iter().any(|(r, n)| *r == resource && n == name)
+        {
+            objects.push((resource, name.to_owned()));
+        }
+    };
+    for volume in volumes {
+        let volume_name = volume
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        object(
+            "configmaps",
+            volume.pointer("/configMap/name").and_then(Value::as_str),
+        );
+        object(
+            "secrets",
+            volume.pointer("/secret/secretName").and_then(Value::as_str),
+        );
+        for source in sources(volume) {
+            object(
+                "configmaps",
+                source.pointer("/configMap/name").and_then(Value::as_str),
+            );
+            object(
+                "secrets",
+                source.pointer("/secret/name").and_then(Value::as_str),
+            );
+            if let Some(token) = source.get("serviceAccountToken") {
+                let path = token
+                    .get("path")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                tokens.push(TokenNeed {
+                    key: format!("{volume_name}/{path}"),
+                    audience: token
+                        .get("audience")
+                        .and_then(Value::as_str)
+                        .filter(|a| !a.is_empty())
+                        .map(str::to_owned),
+                    expiration_seconds: token
+                        .get("expirationSeconds")
+                        .and_then(Value::as_i64)
+                        .unwrap_or(DEFAULT_TOKEN_SECONDS),
+                });
+            }
+        }
+    }
+    (objects, tokens)
+}
+
+fn sources(volume: &Value) -> impl Iterator<Item = &Value> {
+    volume
+        .pointer("/projected/sources")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+}
+
+/// Whether the kubelet writes this volume's files itself (and mounts it read-only).
+pub(crate) fn is_projection(volume: &Value) -> bool {
+    ["configMap", "secret", "downwardAPI", "projected"]
+        .iter()
+        .any(|kind| volume.get(*kind).is_some())
+}
+
+fn mode(value: Option<&Value>, default: u32) -> u32 {
+    value
+        .and_then(Value::as_u64)
+        .and_then(|m| u32::try_from(m).ok())
+        .map_or(default, |m| m & 0o777)
+}
+
+/// The files of an object's keys: all of them, or the `items` chosen (a missing key is an
+/// error unless `optional`).
+fn object_files(
+    what: &str,
+    data: Option<&BTreeMap<String, String>>,
+    items: Option<&Value>,
+    optional: bool,
+    default_mode: u32,
+    files: &mut Vec<File>,
+) -> Result<(), String> {
+    let Some(data) = data else {
+        return if optional {
+            Ok(())
+        } else {
+            Err(format!("{what} not found"))
+        };
+    };
+    match items.and_then(Value::as_array) {
+        Some(items) => {
+            for item in items {
+                let key = item.get("key").and_then(Value::as_str).unwrap_or_default();
+                let path = item.get("path").and_then(Value::as_str).unwrap_or(key);
+                let Some(value) = data.get(key) else {
+                    if optional {
+                        continue;
+                    }
+                    return Err(format!("{what} has no key {key:?}"));
+                };
+                files.push(File {
+                    path: path.to_owned(),
+                    data: value.clone().into_bytes(),
+                    mode: mode(item.get("mode"), default_mode),
+                });
+            }
+        }
+        None => files.extend(data.iter().map(|(key, value)| File {
+            path: key.clone(),
+            data: value.clone().into_bytes(),
+            mode: default_mode,
+        })),
+    }
+    Ok(())
+}
+
+/// The files of `downwardAPI` items (`fieldRef` only; `resourceFieldRef` is not supported).
+fn downward_files(
+    items: Option<&Value>,
+    default_mode: u32,
+    field: &dyn Fn(&str) -> Option<String>,
+    files: &mut Vec<File>,
+) -> Result<(), String> {
+    for item in items.and_then(Value::as_array).into_iter().flatten() {
+        let path = item.get("path").and_then(Value::as_str).unwrap_or_default();
+        let Some(field_path) = item.pointer("/fieldRef/fieldPath").and_then(Value::as_str) else {
+            return Err(format!(
+                "downwardAPI item {path:?}: only fieldRef is supported by this kubelet"
+            ));
+        };
+        let value = field(field_path)
+            .ok_or_else(|| format!("downwardAPI item {path:?}: unknown field {field_path:?}"))?;
+        files.push(File {
+            path: path.to_owned(),
+            data: value.into_bytes(),
+            mode: mode(item.get("mode"), default_mode),
+        });
+    }
+    Ok(())
+}
+
+fn optional(value: &Value) -> bool {
+    value.get("optional").and_then(Value::as_bool) == Some(true)
+}
+
+/// The files of a projection volume ([`is_projection`]); `field` answers downward-API paths.
+pub(crate) fn files(
+    volume: &Value,
+    refs: &Refs,
+    tokens: &Tokens,
+    field: &dyn Fn(&str) -> Option<String>,
+) -> Result<Vec<File>, String> {
+    let volume_name = volume
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let lookup = |resource: &'static str, name: &str| refs.get(&(resource, name.to_owned()));
+    let mut files = Vec::new();
+    if let Some(map) = volume.get("configMap") {
+        let name = map.get("name").and_then(Value::as_str).unwrap_or_default();
+        object_files(
+            &format!("configmap {name:?}"),
+            lookup("configmaps", name),
+            map.get("items"),
+            optional(map),
+            mode(map.get("defaultMode"), DEFAULT_MODE),
+            &mut files,
+        )?;
+    } else if let Some(secret) = volume.get("secret") {
+        let name = secret
+            .get("secretName")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        object_files(
+            &format!("secret {name:?}"),
+            lookup("secrets", name),
+            secret.get("items"),
+            optional(secret),
+            mode(secret.get("defaultMode"), DEFAULT_MODE),
+            &mut files,
+        )?;
+    } else if let Some(downward) = volume.get("downwardAPI") {
+        downward_files(
+            downward.get("items"),
+            mode(downward.get("defaultMode"), DEFAULT_MODE),
+            field,
+            &mut files,
+        )?;
+    } else if let Some(projected) = volume.get("projected") {
+        let default_mode = mode(projected.get("defaultMode"), DEFAULT_MODE);
+        for source in sources(volume) {
+            if let Some(map) = source.get("configMap") {
+                let name = map.get("name").and_then(Value::as_str).unwrap_or_default();
+                object_files(
+                    &format!("configmap {name:?}"),
+                    lookup("configmaps", name),
+                    map.get("items"),
+                    optional(map),
+                    default_mode,
+                    &mut files,
+                )?;
+            } else if let Some(secret) = source.get("secret") {
+                let name = secret
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                object_files(
+                    &format!("secret {name:?}"),
+                    lookup("secrets", name),
+                    secret.get("items"),
+                    optional(secret),
+                    default_mode,
+                    &mut files,
+                )?;
+            } else if let Some(downward) = source.get("downwardAPI") {
+                downward_files(downward.get("items"), default_mode, field, &mut files)?;
+            } else if let Some(token) = source.get("serviceAccountToken") {
+                let path = token
+                    .get("path")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                let value = tokens
+                    .get(&format!("{volume_name}/{path}"))
+                    .ok_or_else(|| format!("no ServiceAccount token for {path:?}"))?;
+                files.push(File {
+                    path: path.to_owned(),
+                    data: value.clone().into_bytes(),
+                    mode: default_mode,
+                });
+            } else {
+                return Err(format!(
+                    "volume {volume_name:?}: a projected source this kubelet does not support \
+                     (configMap, secret, downwardAPI and serviceAccountToken are)"
+                ));
+            }
+        }
+    }
+    for file in &files {
+        let path = Path::new(&file.path);
+        let plain =
+            !file.path.is_empty() && path.components().all(|c| matches!(c, Component::Normal(_)));
+        if !plain {
+            return Err(format!(
+                "volume {volume_name:?}: item path {:?} must be relative without '..'",
+                file.path
+            ));
+        }
+    }
+    Ok(files)
+}
+
+/// Writes `files` into `dir`, which is emptied first (a volume shows its current data only).
+pub(crate) fn write_files(dir: &Path, files: &[File]) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => return Err(error),
+    }
+    std::fs::create_dir_all(dir)?;
+    for file in files {
+        let path = dir.join(&file.path);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(&path, &file.data)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(file.mode))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// The volume the API server's ServiceAccount admission adds.
+    fn kube_api_access() -> Value {
+        json!({"name": "kube-api-access-x1y2z", "projected": {"defaultMode": 420, "sources": [
+            {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+            {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+            {"downwardAPI": {"items": [{"path": "namespace",
+                "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}
+        ]}})
+    }
+
+    #[test]
+    fn the_service_account_volume_needs_its_ca_and_a_bound_token() {
+        let volume = kube_api_access();
+        let (objects, tokens) = needs(&[&volume]);
+        assert_eq!(objects, [("configmaps", "kube-root-ca.crt".to_owned())]);
+        assert_eq!(
+            tokens,
+            [TokenNeed {
+                key: "kube-api-access-x1y2z/token".into(),
+                audience: None,
+                expiration_seconds: 3607,
+            }]
+        );
+        let mut refs = Refs::new();
+        refs.insert(
+            ("configmaps", "kube-root-ca.crt".into()),
+            BTreeMap::from([("ca.crt".to_owned(), "PEM".to_owned())]),
+        );
+        let tokens = Tokens::from([("kube-api-access-x1y2z/token".to_owned(), "jwt".to_owned())]);
+        let field = |path: &str| (path == "metadata.namespace").then(|| "team-a".to_owned());
+        let files = files(&volume, &refs, &tokens, &field).unwrap();
+        let got: Vec<(&str, &[u8], u32)> = files
+            .iter()
+            .map(|f| (f.path.as_str(), f.data.as_slice(), f.mode))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("token", b"jwt".as_slice(), 0o644),
+                ("ca.crt", b"PEM".as_slice(), 0o644),
+                ("namespace", b"team-a".as_slice(), 0o644)
+            ]
+        );
+        // Before kube-controller-manager publishes kube-root-ca.crt, the mount fails.
+        let error = super::files(&volume, &Refs::new(), &tokens, &field).unwrap_err();
+        assert!(error.contains("kube-root-ca.crt"), "{error}");
+    }
+
+    #[test]
+    fn secret_volumes_honour_items_modes_and_optional() {
+        let mut refs = Refs::new();
+        refs.insert(
+            ("secrets", "key".into()),
+            BTreeMap::from([
+                ("key".to_owned(), "s3cret".to_owned()),
+                ("other".to_owned(), "x".to_owned()),
+            ]),
+        );
+        let field = |_: &str| None;
+        let all = json!({"name": "k", "secret": {"secretName": "key", "defaultMode": 256}});
+        let files = files(&all, &refs, &Tokens::new(), &field).unwrap();
+        assert_eq!(files.len(), 2);
+        assert!(files.iter().all(|f| f.mode == 0o400));
+        let picked = json!({"name": "k", "secret": {"secretName": "key",
+            "items": [{"key": "key", "path": "dir/renamed", "mode": 384}]}});
+        let files = super::files(&picked, &refs, &Tokens::new(), &field).unwrap();
+        assert_eq!(files.len(), 1);
+        assert_eq!(
+            (files[0].path.as_str(), files[0].mode),
+            ("dir/renamed", 0o600)
+        );
+        let missing = json!({"name": "k", "secret": {"secretName": "nope"}});
+        assert!(super::files(&missing, &refs, &Tokens::new(), &field).is_err());
+        let optional = json!({"name": "k", "secret": {"secretName": "nope", "optional": true}});
+        assert!(
+            super::files(&optional, &refs, &Tokens::new(), &field)
+                .unwrap()
+                .is_empty()
+        );
+        let escape = json!({"name": "k", "secret": {"secretName": "key",
+            "items": [{"key": "key", "path": "../../etc/passwd"}]}});
+        assert!(super::files(&escape, &refs, &Tokens::new(), &field).is_err());
+    }
+
+    #[test]
+    fn only_mounted_volumes_count() {
+        let pod = json!({"spec": {"volumes": [
+            {"name": "a", "emptyDir": {}}, {"name": "b", "secret": {"secretName": "s"}}]}});
+        let container = json!({"volumeMounts": [{"name": "b", "mountPath": "/b"}]});
+        let volumes = mounted(&pod, &container);
+        assert_eq!(volumes.len(), 1);
+        assert!(is_projection(volumes[0]));
+        assert_eq!(needs(&volumes).0, [("secrets", "s".to_owned())]);
+    }
+}
