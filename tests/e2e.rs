@@ -3,6 +3,18 @@
 //! chooses the cluster.
 
 fn main() {
+    // The control-plane tier runs in a network namespace of its own (pod IPs that a real API
+    // server accepts in EndpointSlices); this process then only waits for the run inside it.
+    if agent_sandbox_e2e::runner::wants_own_network() {
+        match agent_sandbox_e2e::netns::run_inside() {
+            Ok(Some(code)) => std::process::exit(code),
+            Ok(None) => {}
+            Err(message) => {
+                eprintln!("e2e: {message}");
+                std::process::exit(2);
+            }
+        }
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(4)
         .enable_all()

@@ -231,14 +231,19 @@ impl ClusterUnderTest {
                         )
                     })?;
                 let plane = crate::plane_target::PlaneCluster::start(&bin_dir).await?;
+                println!(
+                    "e2e: installed from deploy/overlays/kind; kubectl get deployment -n {}:\n{}",
+                    wire::SYSTEM_NAMESPACE,
+                    plane.deployments().trim_end()
+                );
                 (
                     CONTROL_PLANE.to_owned(),
                     plane.client().await?,
                     plane.kubeconfig(),
                     NetworkEnforcement::NotEnforced(
-                        "the control-plane tier runs pods as host processes on loopback \
-                         addresses, without a CNI: the API server stores and validates \
-                         NetworkPolicies, but nothing enforces them"
+                        "the control-plane tier runs pods as processes sharing one network \
+                         namespace (the run's own), without a CNI: the API server stores and \
+                         validates NetworkPolicies, but nothing enforces them"
                             .to_owned(),
                     ),
                     Some(plane.router_url().to_owned()),

@@ -23,6 +23,7 @@ pub mod control_plane;
 mod error;
 #[cfg(feature = "k3s")]
 mod k3s;
+pub mod netns;
 pub mod plane_target;
 pub mod runner;
 pub mod scenarios;

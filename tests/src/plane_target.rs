@@ -1,31 +1,35 @@
-//! [`crate::Target::ControlPlane`]: our system on the real control plane of
-//! [`crate::control_plane`], set up the way `deploy/` sets up a cluster. `deploy/crds` and
-//! `deploy/base` applied with strict validation; our kubelet joined as the one node with its own
-//! credentials, serving the kubelet API (logs, port-forward) to the API server; the controller
-//! as a process with its ServiceAccount's token (not as cluster admin); the router as a pod on
-//! that node behind `sandbox-router-svc`, with its ServiceAccount's token and its signing key
-//! from the Secret `sandbox-router-signing-key`; the Gateway API's CRDs (from `cargo xtask
-//! tools`) with the Gateway that an implementation would program in front of the router; then
-//! `deploy/sandboxes`.
+//! [`crate::Target::ControlPlane`]: our system installed on the real control plane of
+//! [`crate::control_plane`] the way a user installs it on kind: `deploy/crds`, then
+//! `kubectl apply -k deploy/overlays/kind` with strict validation (the controller's and the
+//! router's Deployments, RBAC, Services, PodDisruptionBudget and NetworkPolicy, and
+//! `deploy/sandboxes`), and the router's signing-key Secret that `cargo xtask cluster up`
+//! creates. Our kubelet is the one node, with its own credentials, serving the kubelet API
+//! (logs, port-forward) to the API server, and runs the controller and the router **as pods
+//! of those Deployments**: their images map to this workspace's binaries, which then get the
+//! manifests' args and env (`fieldRef`), the signing-key Secret volume, projected
+//! ServiceAccount tokens with in-cluster configuration, and readiness and liveness probes.
 //!
-//! `deploy/base`'s own Deployments are scaled to zero: running the controller and the router
-//! from their images as pods (projected tokens, Secret volumes, in-cluster configuration) is
-//! the next tier's work.
+//! The run is inside a network namespace of its own ([`crate::netns`]), where pod IPs come
+//! from [`crate::netns::POD_NETWORK`]: the API server accepts them in EndpointSlices, so the
+//! Services have endpoints as on a node with a CNI. The Gateway API's CRDs (from `cargo xtask
+//! tools`) are installed with the Gateway an implementation would program in front of the
+//! router.
 
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
 use agent_sandbox_api::wire;
 use agent_sandbox_kubelet::{
-    ApiServing, ImageTable, Isolation, Kubelet, KubeletConfig, Program, runtime_entry,
+    ApiServing, ImageEntry, ImageTable, Isolation, Kubelet, KubeletConfig, PodNetwork, Program,
+    runtime_entry,
 };
-use agent_sandbox_local::RouterAuth;
 use agent_sandbox_local::testkit;
 use agent_sandbox_local::wait::{Check, wait_for};
-use k8s_openapi::api::core::v1::{Node, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{Node, Pod, Secret, ServiceAccount};
 use kube::Api;
-use kube::api::PostParams;
+use kube::api::{ListParams, PostParams};
 
 use crate::control_plane::{ControlPlane, Tools};
 use crate::error::{Error, Result};
@@ -34,16 +38,16 @@ use crate::error::{Error, Result};
 const NODE: &str = "node-1";
 /// Within this, each step of the setup is done (usually in well under a tenth).
 const STEP: Duration = Duration::from_secs(120);
-/// The router pod the suite creates.
-const ROUTER_POD: &str = "sandbox-router-0";
+/// The overlay a user applies on kind, whose image names the kubelet maps to our binaries.
+const OVERLAY: &str = "deploy/overlays/kind";
 
 /// The running installation; [`PlaneCluster::stop`] (or dropping it) ends every process.
 pub struct PlaneCluster {
     plane: ControlPlane,
     kubelet: Kubelet,
-    controller: ControllerProcess,
     router_url: String,
     gateway: Option<(String, String)>,
+    deployments: String,
 }
 
 impl std::fmt::Debug for PlaneCluster {
@@ -55,48 +59,64 @@ impl std::fmt::Debug for PlaneCluster {
     }
 }
 
+/// The image table of the node: the overlay's images run this workspace's binaries.
+fn images() -> Result<ImageTable> {
+    let runtime = testkit::workspace_binary("agent-sandbox-runtime", "sandbox-runtime")?;
+    let router = testkit::router_binary()?;
+    let controller =
+        testkit::workspace_binary("agent-sandbox-controller", "agent-sandbox-controller")?;
+    let mut images = ImageTable::with_defaults();
+    images.prepend(runtime_entry("*runtime*", Program::Path(runtime)));
+    images.prepend(ImageEntry::new(
+        "agent-sandbox/router:*",
+        Program::Path(router),
+    ));
+    images.prepend(ImageEntry::new(
+        "agent-sandbox/controller:*",
+        Program::Path(controller),
+    ));
+    Ok(images)
+}
+
 impl PlaneCluster {
     /// Starts the control plane from the binaries in `bin_dir` and installs our system on it.
+    /// Must run inside the network namespace of [`crate::netns::run_inside`].
     pub async fn start(bin_dir: &Path) -> Result<Self> {
+        if !crate::netns::inside() {
+            return Err(Error::Config(
+                "the control-plane tier runs in a network namespace of its own: start it \
+                 through `cargo xtask e2e --control-plane` (or call netns::run_inside first)"
+                    .to_owned(),
+            ));
+        }
+        let images = images()?;
         let plane = ControlPlane::start(Tools::in_dir(bin_dir)?, NODE).await?;
         let admin = plane.client().await?;
-        apply_deploy(&plane).await?;
+        apply_crds(&plane).await?;
         let gateway_crds = gateway_api_crds(bin_dir);
         if let Some(dir) = &gateway_crds {
             apply_gateway_api(&plane, dir).await?;
         }
-        // The Deployments of deploy/base: run below as a process and a pod of ours instead.
-        scale_deploy_base_to_zero(&plane).await?;
-
+        plane
+            .kubectl(&["apply", "--server-side", "--validate=strict", "-k", OVERLAY])
+            .await?;
         let key = agent_sandbox_local::new_secret()?;
         create_signing_key_secret(&admin, &key).await?;
-        let key_file =
-            crate::cluster::write_private(plane.dir(), "router-signing-key", key.as_bytes())?;
-        let controller = start_controller(&plane).await?;
 
-        let router_kubeconfig = plane
-            .service_account_kubeconfig(
-                wire::SYSTEM_NAMESPACE,
-                "sandbox-router",
-                "router.kubeconfig",
-            )
-            .await?;
-        let runtime = testkit::workspace_binary("agent-sandbox-runtime", "sandbox-runtime")?;
-        let router = testkit::router_binary()?;
-        let mut images = ImageTable::with_defaults();
-        images.prepend(runtime_entry("*runtime*", Program::Path(runtime)));
-        images.prepend(agent_sandbox_local::router_pod::image_entry(
-            &router,
-            RouterAuth::Scoped,
-            Some(&key_file),
-        ));
+        let api: SocketAddr = plane
+            .server()
+            .trim_start_matches("https://")
+            .parse()
+            .map_err(|e| Error::Config(format!("the API server's address: {e}")))?;
         let credentials = plane.node().clone();
+        let (network, prefix) = crate::netns::POD_NETWORK;
         let kubelet = Kubelet::new(
             plane.node_client().await?,
             KubeletConfig {
                 images,
                 // Bubblewrap where it works, as on the sim: the scratch directory (kubeconfigs,
-                // keys, the pods' directories) is one that bubblewrapped pods see.
+                // keys, the pods' directories) is one that bubblewrapped pods see. The
+                // Deployments' volumes need it (Secrets and tokens at absolute paths).
                 isolation: Isolation::Auto,
                 api: Some(ApiServing {
                     listen: ([127, 0, 0, 1], 0).into(),
@@ -104,26 +124,50 @@ impl PlaneCluster {
                     key: credentials.serving_key.clone(),
                     client_ca: credentials.client_ca.clone(),
                 }),
+                kubernetes_service: Some(api),
+                pod_network: PodNetwork::Local { network, prefix },
                 ..KubeletConfig::new(NODE, &plane.dir().join("kubelet"))
             },
         )
         .map_err(|e| Error::Config(format!("cannot start the kubelet: {e}")))?;
+        if kubelet.isolation() != Isolation::Bwrap {
+            return Err(Error::Config(
+                "the control-plane tier runs the controller and the router from their \
+                 Deployments, whose Secret and ServiceAccount-token volumes sit at absolute \
+                 paths: that needs bubblewrap (apt-get install bubblewrap)"
+                    .to_owned(),
+            ));
+        }
         kubelet
             .start()
             .await
             .map_err(|e| Error::Config(format!("the kubelet did not join: {e}")))?;
         wait_node_ready(&admin).await?;
 
-        agent_sandbox_local::router_pod::create_pod(&admin, &router_kubeconfig, ROUTER_POD).await?;
-        let router_ip = agent_sandbox_local::router_pod::wait_ready(&admin, ROUTER_POD).await?;
+        let namespace = format!("--namespace={}", wire::SYSTEM_NAMESPACE);
+        plane
+            .kubectl(&[
+                "wait",
+                "--for=condition=Available",
+                "--timeout=180s",
+                "deployment",
+                "--all",
+                &namespace,
+            ])
+            .await
+            .map_err(|error| with_pods_of(error, plane.dir()))?;
+        let deployments = plane
+            .kubectl(&["get", "deployment", "-o", "wide", &namespace])
+            .await?;
+        let router_ip = ready_router_ip(&admin).await?;
         let router_url = format!("http://{router_ip}:{}", wire::ROUTER_PORT);
         // With the Gateway API installed, the Gateway that an implementation would program in
-        // front of the router (its address: the router pod's).
+        // front of the router (its address: a router pod's).
         let gateway = match gateway_crds {
             Some(_) => {
                 agent_sandbox_local::router_pod::write_gateway(
                     &admin,
-                    &router_ip,
+                    &router_ip.to_string(),
                     wire::ROUTER_PORT,
                 )
                 .await?;
@@ -134,14 +178,12 @@ impl PlaneCluster {
             }
             None => None,
         };
-
-        apply_sandboxes(&plane, &admin).await?;
         Ok(Self {
             plane,
             kubelet,
-            controller,
             router_url,
             gateway,
+            deployments,
         })
     }
 
@@ -160,7 +202,8 @@ impl PlaneCluster {
         &self.plane
     }
 
-    /// The router pod's URL (reachable from this machine: pod IPs are loopback addresses).
+    /// A router pod's URL (reachable from this process, which shares the pods' network
+    /// namespace).
     pub fn router_url(&self) -> &str {
         &self.router_url
     }
@@ -171,18 +214,59 @@ impl PlaneCluster {
         self.gateway.clone()
     }
 
-    /// Ends the kubelet (and so every pod), the controller and the control plane.
+    /// `kubectl get deployment -o wide -n agent-sandbox-system` once both were Available.
+    pub fn deployments(&self) -> &str {
+        &self.deployments
+    }
+
+    /// Ends the kubelet (and so every pod) and the control plane.
     pub async fn stop(mut self) {
         self.kubelet.stop().await;
-        self.controller.stop().await;
         self.plane.stop();
     }
 }
 
-/// `deploy/crds` (established) and `deploy/base`, applied as a user applies them: the CRDs
-/// must be structural with every CEL rule within its cost budget, and every field of
-/// `deploy/base` must pass the server's strict validation.
-pub async fn apply_deploy(plane: &ControlPlane) -> Result<()> {
+/// Adds the logs of the system's pods to a failed wait, so the reason shows.
+fn with_pods_of(error: Error, dir: &Path) -> Error {
+    let logs = dir.join("kubelet").join("pods");
+    Error::Config(format!(
+        "{error}\n(the pods' logs are under {}; run with --keep to inspect)",
+        logs.display()
+    ))
+}
+
+/// The IP of a Ready router pod (label `app: sandbox-router`).
+async fn ready_router_ip(client: &kube::Client) -> Result<Ipv4Addr> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), wire::SYSTEM_NAMESPACE);
+    let selector = format!(
+        "{}={}",
+        agent_sandbox_api::labels::ROUTER_APP,
+        agent_sandbox_api::labels::ROUTER_APP_VALUE
+    );
+    wait_for("a Ready router pod", STEP, || async {
+        let list = pods
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .map_err(Error::kube("list the router's pods"))?;
+        let ready = list.items.iter().find_map(|pod| {
+            let status = pod.status.as_ref()?;
+            let ready = status
+                .conditions
+                .as_ref()?
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            ready.then(|| status.pod_ip.as_ref()?.parse().ok())?
+        });
+        Ok::<_, Error>(match ready {
+            Some(ip) => Check::Done(ip),
+            None => Check::NotYet(format!("{} router pods, none Ready", list.items.len())),
+        })
+    })
+    .await
+}
+
+/// `deploy/crds`, applied and established.
+async fn apply_crds(plane: &ControlPlane) -> Result<()> {
     plane
         .kubectl(&["apply", "--server-side", "-k", "deploy/crds"])
         .await?;
@@ -198,6 +282,14 @@ pub async fn apply_deploy(plane: &ControlPlane) -> Result<()> {
             "sandboxclaims.extensions.agents.x-k8s.io",
         ])
         .await?;
+    Ok(())
+}
+
+/// `deploy/crds` (established) and `deploy/base`, applied as a user applies them: the CRDs
+/// must be structural with every CEL rule within its cost budget, and every field of
+/// `deploy/base` must pass the server's strict validation.
+pub async fn apply_deploy(plane: &ControlPlane) -> Result<()> {
+    apply_crds(plane).await?;
     plane
         .kubectl(&[
             "apply",
@@ -210,8 +302,8 @@ pub async fn apply_deploy(plane: &ControlPlane) -> Result<()> {
     Ok(())
 }
 
-/// Scales `deploy/base`'s Deployments (the controller's and the router's) to zero, for a tier
-/// that runs them otherwise (running them from their images as pods is the next tier's work).
+/// Scales `deploy/base`'s Deployments (the controller's and the router's) to zero, for a test
+/// that runs the controller as a process instead (`tests/control_plane.rs`).
 pub async fn scale_deploy_base_to_zero(plane: &ControlPlane) -> Result<()> {
     plane
         .kubectl(&[
@@ -286,7 +378,8 @@ impl ControllerProcess {
         &self.log
     }
 
-    async fn stop(mut self) {
+    /// Ends the process and waits for it.
+    pub async fn stop(mut self) {
         let _ = self.child.start_kill();
         let _ = self.child.wait().await;
     }

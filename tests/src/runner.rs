@@ -96,6 +96,19 @@ enum Outcome {
 }
 
 /// Runs the suite with the process's arguments and environment; returns the exit code.
+/// Whether this run targets the control-plane tier (which runs in a network namespace of its
+/// own: [`crate::netns`]); `e2e.rs` asks before it starts any thread.
+pub fn wants_own_network() -> bool {
+    let Ok(args) = parse(std::env::args().skip(1)) else {
+        return false;
+    };
+    !args.list
+        && matches!(
+            args.target.map_or_else(Target::from_env, Ok),
+            Ok(Target::ControlPlane)
+        )
+}
+
 pub async fn main() -> i32 {
     let filter = tracing_subscriber::EnvFilter::try_from_env("AGENT_SANDBOX_E2E_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
@@ -244,8 +257,14 @@ pub async fn main() -> i32 {
         );
     }
     if args.keep && !interrupted {
+        // Inside the run's own network namespace, the API server is reached through it.
+        let enter = if crate::netns::inside() {
+            format!("nsenter --net=/proc/{}/ns/net ", std::process::id())
+        } else {
+            String::new()
+        };
         println!(
-            "e2e: --keep: {} stays up until Ctrl-C; try\n  kubectl --kubeconfig {} get nodes,pods -A",
+            "e2e: --keep: {} stays up until Ctrl-C; try\n  {enter}kubectl --kubeconfig {} get nodes,pods -A",
             cluster.description,
             cluster.kubeconfig.display()
         );

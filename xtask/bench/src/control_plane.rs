@@ -1,7 +1,8 @@
 //! Cases on the control-plane tier: a real `kube-apiserver` (with etcd, the controller manager
 //! and the scheduler from `cargo xtask tools`) with our kubelet as its node, set up as the
-//! end-to-end suite's `--control-plane` target sets it up (`agent_sandbox_e2e::plane_target`),
-//! the controller as a process with its ServiceAccount's token. Warm-claim latency, API writes
+//! end-to-end suite's `--control-plane` target sets it up (`agent_sandbox_e2e::plane_target`:
+//! `deploy/overlays/kind` applied, the controller and the router as pods of their Deployments,
+//! in a network namespace of the run's own). Warm-claim latency, API writes
 //! per warm claim counted by the API server itself (`apiserver_request_total`), and a pool of
 //! 200 filled from zero.
 
@@ -31,6 +32,9 @@ const NS: &str = "default";
 /// The bench's template: the runtime without resource requests, so that a pool of 200 fits
 /// the one node's allocatable CPU.
 const TEMPLATE: &str = "bench-runtime";
+
+/// The prefix of this tier's case names.
+pub(super) const PREFIX: &str = "control-plane/";
 
 pub(super) fn cases() -> Vec<Case> {
     vec![

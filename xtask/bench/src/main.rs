@@ -55,6 +55,20 @@ fn cli(args: impl Iterator<Item = String>) -> Result<()> {
             prefix => filters.push(prefix.to_owned()),
         }
     }
+    // The control-plane tier runs in a network namespace of its own (as the end-to-end suite
+    // does): when its cases are selected, the whole run moves there before any thread starts.
+    let control_plane = filters.is_empty()
+        || filters
+            .iter()
+            .any(|f| f.starts_with(control_plane::PREFIX) || control_plane::PREFIX.starts_with(f));
+    if control_plane && !dry_run {
+        match agent_sandbox_e2e::netns::run_inside() {
+            Ok(Some(0)) => return Ok(()),
+            Ok(Some(code)) => bail!("the run in its own network namespace exited with {code}"),
+            Ok(None) => {}
+            Err(message) => bail!("{message}"),
+        }
+    }
     run(&workspace_root(), &filters, Options { quick }, dry_run)
 }
 
