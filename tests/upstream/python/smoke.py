@@ -10,6 +10,10 @@ Runs the same scenario once per connection mode of the SDK:
   agent-sandbox-system`` (a subprocess; ``kubectl`` from ``PATH``, the ambient kubeconfig) per
   sandbox handle and sends the router headers to ``http://127.0.0.1:<port>``.
 - ``direct``: ``SandboxDirectConnectionConfig(api_url=SANDBOX_ROUTER_URL)``.
+- ``tunnel-shim`` (opt-in): the tunnel mode with ``kubectl_shim.py`` first on ``PATH`` as
+  ``kubectl``, relaying the "port-forward" to SANDBOX_ROUTER_URL. For clusters where the real
+  port-forward cannot work (``sandboxctl dev``: no router Service, and its simulated API server
+  does not serve kubectl's port-forward); it tests the SDK's tunnel lifecycle, not kubectl.
 
 Environment (empty counts as unset):
 
@@ -21,7 +25,8 @@ Environment (empty counts as unset):
   SANDBOX_ROUTER_TOKEN             static bearer token for the router (``--auth token``)
   SANDBOX_ROUTER_SIGNING_KEY_FILE  router signing key (``--auth scoped``): a scoped token is
                                    minted per request for the sandbox that request addresses
-  SANDBOX_MODES                    comma-separated modes to run (default ``tunnel,direct``)
+  SANDBOX_MODES                    comma-separated modes to run (default ``tunnel,direct``;
+                                   also ``tunnel-shim``)
   SANDBOX_SMOKE_TIMEOUT            seconds one mode may take in all (default 240)
   SANDBOX_SMOKE_VERBOSE            ``1``: the SDK's INFO logs on stderr
   CI                               ``true``: a skipped mode or a missing prerequisite fails
@@ -41,13 +46,17 @@ import logging
 import os
 import shutil
 import signal
+import stat
 import sys
+import tempfile
 import time
 import traceback
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
-MODES = ("tunnel", "direct")
+MODES = ("tunnel", "direct", "tunnel-shim")
+DEFAULT_MODES = ("tunnel", "direct")
+TUNNEL_MODES = ("tunnel", "tunnel-shim")
 CLAIM_GROUP = "extensions.agents.x-k8s.io"
 SANDBOX_GROUP = "agents.x-k8s.io"
 API_VERSION = "v1beta1"
@@ -269,7 +278,7 @@ def connection_config(mode: str, router_url: str | None, static_token: str | Non
         SandboxLocalTunnelConnectionConfig,
     )
 
-    if mode == "tunnel":
+    if mode in TUNNEL_MODES:
         return SandboxLocalTunnelConnectionConfig(router_namespace=ROUTER_NAMESPACE)
     headers = {"Authorization": f"Bearer {static_token}"} if static_token else {}
     return SandboxDirectConnectionConfig(api_url=router_url, extra_headers=headers)
@@ -285,11 +294,48 @@ def check_prerequisites(mode: str, kube: Kube, router_url: str | None) -> None:
             log(f"  note: Service {ROUTER_NAMESPACE}/{ROUTER_SERVICE} does not exist; the SDK's "
                 f"tunnel mode port-forwards to it (`kubectl port-forward svc/{ROUTER_SERVICE} "
                 f"<port>:8080 -n {ROUTER_NAMESPACE}`)")
-    elif mode == "direct" and not router_url:
-        raise Skipped("the direct mode needs SANDBOX_ROUTER_URL")
+    elif mode in ("direct", "tunnel-shim") and not router_url:
+        raise Skipped(f"the {mode} mode needs SANDBOX_ROUTER_URL")
+
+
+@contextlib.contextmanager
+def kubectl_shim(router_url: str):
+    """Puts kubectl_shim.py first on PATH as `kubectl` (the SDK spawns it by name)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    saved = {k: os.environ.get(k) for k in ("PATH", "SHIM_ROUTER_URL")}
+    with tempfile.TemporaryDirectory(prefix="kubectl-shim-") as bin_dir:
+        wrapper = os.path.join(bin_dir, "kubectl")
+        with open(wrapper, "w") as f:
+            f.write(f'#!/bin/sh\nexec "{sys.executable}" "{here}/kubectl_shim.py" "$@"\n')
+        os.chmod(wrapper, stat.S_IRWXU)
+        os.environ["PATH"] = bin_dir + os.pathsep + (saved["PATH"] or "")
+        os.environ["SHIM_ROUTER_URL"] = router_url
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
+def tunnel_process(handle: Any) -> Any:
+    """The `kubectl port-forward` process of a tunnel-mode handle (None when closed)."""
+    return getattr(handle.connector.strategy, "port_forward_process", None)
 
 
 def run_mode(mode: str, kube: Kube, settings: dict[str, Any]) -> None:
+    router_url: str | None = settings["router_url"]
+    check_prerequisites(mode, kube, router_url)
+    if mode == "tunnel-shim":
+        with kubectl_shim(router_url):
+            run_scenario(mode, kube, settings)
+    else:
+        run_scenario(mode, kube, settings)
+
+
+def run_scenario(mode: str, kube: Kube, settings: dict[str, Any]) -> None:
     from k8s_agent_sandbox import SandboxClient
 
     namespace: str = settings["namespace"]
@@ -297,13 +343,12 @@ def run_mode(mode: str, kube: Kube, settings: dict[str, Any]) -> None:
     router_url: str | None = settings["router_url"]
     static_token: str | None = settings["token"]
     key: bytes | None = settings["key"]
-
-    check_prerequisites(mode, kube, router_url)
+    tunnel = mode in TUNNEL_MODES
 
     # Direct mode with a static token uses the SDK's documented `extra_headers`; every other
     # authenticated case needs the session hook (see make_router_auth).
-    needs_hook = key is not None or (static_token is not None and mode == "tunnel")
-    auth = make_router_auth(static_token if mode == "tunnel" else None, key) if needs_hook else None
+    needs_hook = key is not None or (static_token is not None and tunnel)
+    auth = make_router_auth(static_token if tunnel else None, key) if needs_hook else None
 
     client = SandboxClient(connection_config=connection_config(mode, router_url, static_token))
     handles: list[Any] = []
@@ -334,6 +379,12 @@ def run_mode(mode: str, kube: Kube, settings: dict[str, Any]) -> None:
               f"/execute printed {result.stdout!r}, not the literal 'hello from $(hostname)\\n'")
         check(result.exit_code == 0 and result.stderr == "" and not result.timed_out,
               f"echo did not succeed cleanly: {result!r}")
+        first_tunnel = tunnel_process(sandbox) if tunnel else None
+        if tunnel:
+            check(first_tunnel is not None and first_tunnel.poll() is None,
+                  "no running `kubectl port-forward` behind the tunnel handle")
+            log(f"  tunnel: kubectl port-forward pid {first_tunnel.pid}, "
+                f"{sandbox.connector.strategy.base_url}")
 
         # Exit codes pass through (docs/runtime-api.md: the process's own code).
         failed = sandbox.commands.run("sh -c 'exit 3'", timeout=HTTP_TIMEOUT)
@@ -422,6 +473,9 @@ def run_mode(mode: str, kube: Kube, settings: dict[str, Any]) -> None:
         # --- disconnect and reconnect -----------------------------------------------------
         sandbox.close_connection()
         check(not sandbox.is_active, "the handle is still active after close_connection()")
+        if tunnel:
+            check(first_tunnel.poll() is not None,
+                  "close_connection() left the kubectl port-forward running")
         again = client.get_sandbox(claim_name, namespace=namespace, resolve_timeout=30)
         handles.append(again)
         install_auth(again, auth)
@@ -431,6 +485,10 @@ def run_mode(mode: str, kube: Kube, settings: dict[str, Any]) -> None:
         check(rerun.stdout == "hello again\n" and rerun.exit_code == 0, f"rerun: {rerun!r}")
         check(again.files.read("smoke/data.bin", timeout=HTTP_TIMEOUT) == binary,
               "smoke/data.bin differs after reconnecting")
+        second_tunnel = tunnel_process(again) if tunnel else None
+        if tunnel:
+            check(second_tunnel is not None and second_tunnel.pid != first_tunnel.pid,
+                  "the reconnected handle did not start its own port-forward")
         log("  disconnect/reconnect: same sandbox, command and file ok")
         if auth is not None:
             log(f"  auth hook: {auth.requests} requests, {auth.minted} scoped tokens minted")
@@ -438,6 +496,9 @@ def run_mode(mode: str, kube: Kube, settings: dict[str, Any]) -> None:
         # --- delete -----------------------------------------------------------------------
         sandbox_id = again.sandbox_id
         again.terminate()
+        if tunnel:
+            check(second_tunnel.poll() is not None,
+                  "terminate() left the kubectl port-forward running")
         waited = wait_until(f"SandboxClaim {namespace}/{claim_name} to be gone", 30,
                             lambda: kube.get_claim(namespace, claim_name) is None)
         log(f"  claim deleted, gone after {waited * 1000:.0f} ms")
@@ -477,7 +538,8 @@ def main() -> int:
             f"--kubeconfig-out F`, see README.md)")
         return 0
 
-    modes = [m.strip() for m in (env("SANDBOX_MODES") or ",".join(MODES)).split(",") if m.strip()]
+    modes = [m.strip() for m in (env("SANDBOX_MODES") or ",".join(DEFAULT_MODES)).split(",")
+             if m.strip()]
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         log(f"FAIL: unknown SANDBOX_MODES {unknown}; known: {', '.join(MODES)}")
