@@ -528,9 +528,9 @@ def main() -> int:
         format="%(levelname)s %(name)s: %(message)s")
 
     kubeconfig = env("KUBECONFIG")
-    if not kubeconfig or not os.path.isfile(kubeconfig):
+    if not kubeconfig or not any(os.path.isfile(p) for p in kubeconfig.split(os.pathsep)):
         why = ("KUBECONFIG is not set" if not kubeconfig
-               else f"KUBECONFIG={kubeconfig} is not a file")
+               else f"KUBECONFIG={kubeconfig} names no file")
         if ci():
             log(f"FAIL: {why} (CI=true: a missing cluster is a failure)")
             return 1
