@@ -3,10 +3,16 @@
 //! chooses the cluster.
 
 fn main() {
+    // Upstream's clients are built first: that needs the Go module proxy and PyPI, which a run
+    // in its own network namespace cannot reach.
+    let mut prepared = Vec::new();
+    if agent_sandbox_e2e::runner::upstream_selected() {
+        prepared = agent_sandbox_e2e::upstream::prepared_env();
+    }
     // The control-plane tier runs in a network namespace of its own (pod IPs that a real API
     // server accepts in EndpointSlices); this process then only waits for the run inside it.
     if agent_sandbox_e2e::runner::wants_own_network() {
-        match agent_sandbox_e2e::netns::run_inside() {
+        match agent_sandbox_e2e::netns::run_inside(&prepared) {
             Ok(Some(code)) => std::process::exit(code),
             Ok(None) => {}
             Err(message) => {

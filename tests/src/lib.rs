@@ -29,6 +29,7 @@ pub mod runner;
 pub mod scenarios;
 mod sim;
 mod support;
+pub mod upstream;
 
 pub use cluster::{ClusterUnderTest, NetworkEnforcement, RouterAccess, SdkMode, Target};
 pub use error::{Error, Result};

@@ -19,11 +19,11 @@ pub fn inside() -> bool {
     std::env::var_os(INSIDE).is_some()
 }
 
-/// Runs this executable again, with the same arguments, in a network namespace of its own and
-/// returns its exit code; or `Ok(None)` when this process already runs inside one (go on).
-/// Call it before starting any thread. Root makes the namespace directly; anyone else gets a
-/// user namespace (mapped to root) around it.
-pub fn run_inside() -> Result<Option<i32>, String> {
+/// Runs this executable again, with the same arguments (and `env` added), in a network
+/// namespace of its own and returns its exit code; or `Ok(None)` when this process already
+/// runs inside one (go on). Call it before starting any thread. Root makes the namespace
+/// directly; anyone else gets a user namespace (mapped to root) around it.
+pub fn run_inside(env: &[(&str, String)]) -> Result<Option<i32>, String> {
     if inside() {
         return Ok(None);
     }
@@ -49,6 +49,7 @@ pub fn run_inside() -> Result<Option<i32>, String> {
         .args(["--net", "--", "sh", "-c", &setup])
         .arg(&exe)
         .args(std::env::args_os().skip(1))
+        .envs(env.iter().map(|(name, value)| (name, value)))
         .env(INSIDE, "1");
     let mut child = command.spawn().map_err(|error| {
         format!(

@@ -109,6 +109,19 @@ pub fn wants_own_network() -> bool {
         )
 }
 
+/// Whether this run selects a scenario of upstream's clients, whose smoke tests `e2e.rs` then
+/// builds before the run ([`crate::upstream::prepare`]).
+pub fn upstream_selected() -> bool {
+    let Ok(args) = parse(std::env::args().skip(1)) else {
+        return false;
+    };
+    !args.list
+        && scenarios::all().iter().any(|s| {
+            s.name.starts_with("upstream::")
+                && (args.filters.is_empty() || args.filters.iter().any(|f| s.name.contains(f)))
+        })
+}
+
 pub async fn main() -> i32 {
     let filter = tracing_subscriber::EnvFilter::try_from_env("AGENT_SANDBOX_E2E_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));

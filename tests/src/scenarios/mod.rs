@@ -18,6 +18,7 @@ mod cli;
 mod controller;
 mod network;
 mod sdk;
+mod upstream;
 
 /// How a scenario ended, when it did not fail.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -75,5 +76,7 @@ pub fn all() -> Vec<Scenario> {
         scenario!(cli::claim_exec_cp_cat_extend_delete),
         scenario!(agent::the_agent_writes_and_runs_a_script_then_deletes_its_claim),
         scenario!(network::a_sandbox_cannot_reach_the_api_server_but_reaches_the_internet),
+        scenario!(upstream::go_sdk_smoke_test),
+        scenario!(upstream::python_sdk_smoke_test),
     ]
 }

@@ -7,6 +7,9 @@
 #
 # Everything else in the environment (KUBECONFIG, SANDBOX_*, CI, PATH for kubectl) is passed
 # to smoke.py unchanged; see README.md.
+#
+#   run.sh --prepare   only makes (or checks) the virtualenv, for a run that has no network
+#                      later (the end-to-end suite's control-plane tier)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -52,4 +55,8 @@ if [[ "$want" != "$have" || ! -x "$venv/bin/python" ]]; then
   echo "$want" >"$stamp"
 fi
 
+if [[ "${1:-}" == "--prepare" ]]; then
+  echo "$venv/bin/python"
+  exit 0
+fi
 exec "$venv/bin/python" "$here/smoke.py"

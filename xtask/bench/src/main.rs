@@ -62,7 +62,7 @@ fn cli(args: impl Iterator<Item = String>) -> Result<()> {
             .iter()
             .any(|f| f.starts_with(control_plane::PREFIX) || control_plane::PREFIX.starts_with(f));
     if control_plane && !dry_run {
-        match agent_sandbox_e2e::netns::run_inside() {
+        match agent_sandbox_e2e::netns::run_inside(&[]) {
             Ok(Some(0)) => return Ok(()),
             Ok(Some(code)) => bail!("the run in its own network namespace exited with {code}"),
             Ok(None) => {}
