@@ -13,7 +13,14 @@ use crate::spinner::Spinner;
 /// Starts the local cluster, prints how to use it, and runs until Ctrl-C or SIGTERM.
 pub async fn dev(args: DevArgs) -> Result<i32> {
     let auth: RouterAuth = args.auth.parse().map_err(Error::Usage)?;
+    // The router also as a pod behind `sandbox-router-svc`, as an installation has it (upstream's
+    // SDKs' default modes port-forward to that Service), when its binary sits next to ours.
+    let router_pod = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|dir| dir.join("sandbox-router")))
+        .filter(|path| path.is_file());
     let config = LocalConfig {
+        router_pod,
         data_dir: args.data_dir.clone(),
         kubeconfig: args.kubeconfig_out.clone(),
         isolation: args.isolation,
@@ -85,6 +92,7 @@ Local agent-sandbox cluster is up (simulated API, controller, router; pods are l
   API server    {api}
   kubeconfig    {kubeconfig}
   router        {router} (auth: {auth:?}; 127.0.0.1 only)
+  router pod    {router_pod}
   warm pool     {DEFAULT_NAMESPACE}/{DEFAULT_POOL} ({replicas} sandboxes, template {DEFAULT_NAMESPACE}/{template})
   data          {data}
 
@@ -106,6 +114,16 @@ From Rust (the SDK, crate agent-sandbox), with that environment:
 Ctrl-C stops everything.
 ",
         isolation = cluster.isolation(),
+        router_pod = match cluster.router_pod_url() {
+            Some(url) => format!(
+                "{url} behind {}/{} (port-forward mode)",
+                agent_sandbox_api::wire::SYSTEM_NAMESPACE,
+                agent_sandbox_api::wire::ROUTER_SERVICE
+            ),
+            None => "none (no sandbox-router binary next to sandboxctl: port-forward mode \
+                     has no Service to reach)"
+                .to_owned(),
+        },
         api = cluster.api_url(),
         auth = cluster.router_auth(),
         template = DEFAULT_TEMPLATE,
