@@ -10,10 +10,6 @@ Runs the same scenario once per connection mode of the SDK:
   agent-sandbox-system`` (a subprocess; ``kubectl`` from ``PATH``, the ambient kubeconfig) per
   sandbox handle and sends the router headers to ``http://127.0.0.1:<port>``.
 - ``direct``: ``SandboxDirectConnectionConfig(api_url=SANDBOX_ROUTER_URL)``.
-- ``tunnel-shim`` (opt-in): the tunnel mode with ``kubectl_shim.py`` first on ``PATH`` as
-  ``kubectl``, relaying the "port-forward" to SANDBOX_ROUTER_URL. For clusters where the real
-  port-forward cannot work (``sandboxctl dev``: no router Service, and its simulated API server
-  does not serve kubectl's port-forward); it tests the SDK's tunnel lifecycle, not kubectl.
 
 Environment (empty counts as unset):
 
@@ -25,8 +21,7 @@ Environment (empty counts as unset):
   SANDBOX_ROUTER_TOKEN             static bearer token for the router (``--auth token``)
   SANDBOX_ROUTER_SIGNING_KEY_FILE  router signing key (``--auth scoped``): a scoped token is
                                    minted per request for the sandbox that request addresses
-  SANDBOX_MODES                    comma-separated modes to run (default ``tunnel,direct``;
-                                   also ``tunnel-shim``)
+  SANDBOX_MODES                    comma-separated modes to run (default ``tunnel,direct``)
   SANDBOX_SMOKE_TIMEOUT            seconds one mode may take in all (default 240)
   SANDBOX_SMOKE_VERBOSE            ``1``: the SDK's INFO logs on stderr
   CI                               ``true``: a skipped mode or a missing prerequisite fails
@@ -46,17 +41,15 @@ import logging
 import os
 import shutil
 import signal
-import stat
 import sys
-import tempfile
 import time
 import traceback
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
-MODES = ("tunnel", "direct", "tunnel-shim")
+MODES = ("tunnel", "direct")
 DEFAULT_MODES = ("tunnel", "direct")
-TUNNEL_MODES = ("tunnel", "tunnel-shim")
+TUNNEL_MODES = ("tunnel",)
 CLAIM_GROUP = "extensions.agents.x-k8s.io"
 SANDBOX_GROUP = "agents.x-k8s.io"
 API_VERSION = "v1beta1"
@@ -294,30 +287,8 @@ def check_prerequisites(mode: str, kube: Kube, router_url: str | None) -> None:
             log(f"  note: Service {ROUTER_NAMESPACE}/{ROUTER_SERVICE} does not exist; the SDK's "
                 f"tunnel mode port-forwards to it (`kubectl port-forward svc/{ROUTER_SERVICE} "
                 f"<port>:8080 -n {ROUTER_NAMESPACE}`)")
-    elif mode in ("direct", "tunnel-shim") and not router_url:
+    elif mode == "direct" and not router_url:
         raise Skipped(f"the {mode} mode needs SANDBOX_ROUTER_URL")
-
-
-@contextlib.contextmanager
-def kubectl_shim(router_url: str):
-    """Puts kubectl_shim.py first on PATH as `kubectl` (the SDK spawns it by name)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    saved = {k: os.environ.get(k) for k in ("PATH", "SHIM_ROUTER_URL")}
-    with tempfile.TemporaryDirectory(prefix="kubectl-shim-") as bin_dir:
-        wrapper = os.path.join(bin_dir, "kubectl")
-        with open(wrapper, "w") as f:
-            f.write(f'#!/bin/sh\nexec "{sys.executable}" "{here}/kubectl_shim.py" "$@"\n')
-        os.chmod(wrapper, stat.S_IRWXU)
-        os.environ["PATH"] = bin_dir + os.pathsep + (saved["PATH"] or "")
-        os.environ["SHIM_ROUTER_URL"] = router_url
-        try:
-            yield
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
 
 
 def tunnel_process(handle: Any) -> Any:
@@ -328,11 +299,7 @@ def tunnel_process(handle: Any) -> Any:
 def run_mode(mode: str, kube: Kube, settings: dict[str, Any]) -> None:
     router_url: str | None = settings["router_url"]
     check_prerequisites(mode, kube, router_url)
-    if mode == "tunnel-shim":
-        with kubectl_shim(router_url):
-            run_scenario(mode, kube, settings)
-    else:
-        run_scenario(mode, kube, settings)
+    run_scenario(mode, kube, settings)
 
 
 def run_scenario(mode: str, kube: Kube, settings: dict[str, Any]) -> None:
