@@ -58,7 +58,13 @@ func connect(t *testing.T, cfg config) cluster {
 		t.Fatalf("loading KUBECONFIG=%s: %v", cfg.kubeconfig, err)
 	}
 	restConfig.Timeout = 30 * time.Second
-	core, err := kubernetes.NewForConfig(restConfig)
+	// client-go's typed clients of built-in kinds send protobuf bodies unless told otherwise;
+	// the simulated cluster decodes only JSON (the SDK writes only custom resources, always
+	// JSON, and keeps its own defaults: it gets restConfig untouched).
+	jsonConfig := rest.CopyConfig(restConfig)
+	jsonConfig.ContentType = "application/json"
+	jsonConfig.AcceptContentTypes = "application/json"
+	core, err := kubernetes.NewForConfig(jsonConfig)
 	if err != nil {
 		t.Fatal(err)
 	}
