@@ -321,3 +321,147 @@ async fn kubectl_get_follows_table_pages() {
         "{table}"
     );
 }
+
+/// A pod whose program echoes every byte it receives on `{pod IP}:7000`, per connection, and
+/// closes its end once the client has closed its own.
+const ECHO_POD: &str = r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: echo
+spec:
+  containers:
+  - name: echo
+    image: python:3
+    command: ["python3", "-c"]
+    args:
+    - |
+      import os, socket, threading
+      def serve(conn):
+          while True:
+              data = conn.recv(65536)
+              if not data:
+                  break
+              conn.sendall(data)
+          conn.close()
+      server = socket.socket()
+      server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+      server.bind((os.environ["POD_IP"], 7000))
+      server.listen()
+      while True:
+          conn, _ = server.accept()
+          threading.Thread(target=serve, args=(conn,), daemon=True).start()
+    env:
+    - name: POD_IP
+      valueFrom:
+        fieldRef:
+          fieldPath: status.podIP
+    ports:
+    - containerPort: 7000
+    readinessProbe:
+      tcpSocket:
+        port: 7000
+"#;
+
+/// Sends `payload` through `addr` and returns what comes back once the far end closes.
+async fn echo_through(addr: &str, payload: &[u8]) -> Vec<u8> {
+    use tokio::io::AsyncReadExt as _;
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut reader, mut writer) = stream.into_split();
+    let send = async {
+        writer.write_all(payload).await.unwrap();
+        // Half-close: the pod's program sees the end of its input and closes its side.
+        writer.shutdown().await.unwrap();
+    };
+    let receive = async {
+        let mut received = Vec::new();
+        reader.read_to_end(&mut received).await.unwrap();
+        received
+    };
+    let ((), received) = tokio::time::timeout(Duration::from_secs(60), async {
+        tokio::join!(send, receive)
+    })
+    .await
+    .expect("the echo came back in time");
+    received
+}
+
+#[tokio::test]
+async fn kubectl_port_forward_over_spdy_carries_bytes_both_ways() {
+    use tokio::io::AsyncBufReadExt as _;
+    require_kubectl!();
+    let sim = Sim::start(SimConfig::default().isolation(Isolation::Auto))
+        .await
+        .unwrap();
+    let kubectl = Kubectl::new(&sim);
+    let applied = kubectl
+        .run_with_input(&["apply", "--server-side", "-f", "-"], Some(ECHO_POD))
+        .await;
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    kubectl
+        .ok(&["wait", "--for=condition=Ready", "pod/echo", "--timeout=60s"])
+        .await;
+
+    // kubectl speaks WebSocket first by default (and falls back to SPDY); this forces the
+    // SPDY/3.1 dialer of client-go, the one upstream's Go SDK uses.
+    let mut forward = tokio::process::Command::new("kubectl")
+        .env("KUBECTL_PORT_FORWARD_WEBSOCKETS", "false")
+        .arg("--kubeconfig")
+        .arg(&kubectl.kubeconfig)
+        .arg("--cache-dir")
+        .arg(kubectl.cache.path())
+        .args([
+            "port-forward",
+            "--address",
+            "127.0.0.1",
+            "pod/echo",
+            ":7000",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stdout = forward.stdout.take().unwrap();
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    // "Forwarding from 127.0.0.1:PORT -> 7000"
+    let local = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some(rest) = line.strip_prefix("Forwarding from ") {
+                return rest.split_whitespace().next().unwrap().to_owned();
+            }
+        }
+        panic!("kubectl port-forward ended without forwarding");
+    })
+    .await
+    .expect("kubectl port-forward started in time");
+
+    // Enough bytes to need many frames and flow-control windows in both directions, with every
+    // byte value.
+    let payload: Vec<u8> = (0..3 * 1024 * 1024 + 17)
+        .map(|i: u32| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let echoed = echo_through(&local, &payload).await;
+    assert_eq!(echoed.len(), payload.len());
+    assert!(echoed == payload, "the echo differs from what was sent");
+    // A second connection over the same session: new streams, same upgrade.
+    let echoed = echo_through(&local, b"second connection\n").await;
+    assert_eq!(echoed, b"second connection\n");
+    assert_eq!(
+        sim.request_counts().get("connect", "", "pods/portforward"),
+        1,
+        "one upgrade carried both connections"
+    );
+
+    forward.start_kill().unwrap();
+    let output = forward.wait_with_output().await.unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !stderr.contains("error") && !stderr.contains("Unhandled"),
+        "kubectl port-forward reported: {stderr}"
+    );
+}

@@ -106,3 +106,52 @@ async fn port_forward_to_a_closed_port_reports_on_the_error_channel() {
     let message = error.expect("an error message");
     assert!(message.contains("port 9"), "{message}");
 }
+
+/// Sends a port-forward upgrade request with `headers` and returns the response head.
+async fn upgrade_head(sim: &Sim, headers: &str) -> String {
+    let addr = sim.base_url().trim_start_matches("http://").to_owned();
+    let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let request = format!(
+        "POST /api/v1/namespaces/default/pods/rt/portforward HTTP/1.1\r\nHost: {addr}\r\n\
+         Content-Length: 0\r\n{headers}\r\n"
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        let read = stream.read(&mut byte).await.unwrap();
+        assert!(read > 0, "connection closed before a whole head: {head:?}");
+        head.push(byte[0]);
+    }
+    String::from_utf8(head).unwrap().to_ascii_lowercase()
+}
+
+#[tokio::test]
+async fn port_forward_accepts_the_spdy_upgrade_a_real_api_server_accepts() {
+    let config = SimConfig::default()
+        .isolation(Isolation::None)
+        .image(runtime_entry("*runtime*", Program::Path(runtime_binary())));
+    let sim = Sim::start(config).await.unwrap();
+    ready_runtime_pod(&sim).await;
+
+    // What client-go's SPDY dialer sends (several protocol versions offered, one header each).
+    let head = upgrade_head(
+        &sim,
+        "Connection: Upgrade\r\nUpgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: portforward.k8s.io\r\n",
+    )
+    .await;
+    assert!(head.starts_with("http/1.1 101 "), "{head}");
+    assert!(head.contains("\r\nupgrade: spdy/3.1\r\n"), "{head}");
+    assert!(
+        head.contains("\r\nx-stream-protocol-version: portforward.k8s.io\r\n"),
+        "{head}"
+    );
+
+    // A SPDY upgrade offering only a protocol the server does not speak is refused.
+    let head = upgrade_head(
+        &sim,
+        "Connection: Upgrade\r\nUpgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: v9.portforward.k8s.io\r\n",
+    )
+    .await;
+    assert!(head.starts_with("http/1.1 400 "), "{head}");
+}
