@@ -232,8 +232,7 @@ impl ClusterUnderTest {
                     })?;
                 let plane = crate::plane_target::PlaneCluster::start(&bin_dir).await?;
                 println!(
-                    "e2e: installed from deploy/overlays/kind; kubectl get deployment -n {}:\n{}",
-                    wire::SYSTEM_NAMESPACE,
+                    "e2e: installed from deploy/overlays/kind; kubectl get deployment -A:\n{}",
                     plane.deployments().trim_end()
                 );
                 (

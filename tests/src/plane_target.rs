@@ -100,8 +100,12 @@ impl PlaneCluster {
         plane
             .kubectl(&["apply", "--server-side", "--validate=strict", "-k", OVERLAY])
             .await?;
+        // The key in agent-sandbox-system, and the same key for the router of the sandboxes'
+        // namespace (deploy/sandboxes/namespace-router), as `cargo xtask cluster up` makes them.
         let key = agent_sandbox_local::new_secret()?;
-        create_signing_key_secret(&admin, &key).await?;
+        for namespace in [wire::SYSTEM_NAMESPACE, wire::DEFAULT_SANDBOX_NAMESPACE] {
+            create_signing_key_secret(&admin, namespace, &key).await?;
+        }
 
         let api: SocketAddr = plane
             .server()
@@ -144,20 +148,21 @@ impl PlaneCluster {
             .map_err(|e| Error::Config(format!("the kubelet did not join: {e}")))?;
         wait_node_ready(&admin).await?;
 
-        let namespace = format!("--namespace={}", wire::SYSTEM_NAMESPACE);
-        plane
-            .kubectl(&[
-                "wait",
-                "--for=condition=Available",
-                "--timeout=180s",
-                "deployment",
-                "--all",
-                &namespace,
-            ])
-            .await
-            .map_err(|error| with_pods_of(error, plane.dir()))?;
+        for namespace in [wire::SYSTEM_NAMESPACE, wire::DEFAULT_SANDBOX_NAMESPACE] {
+            plane
+                .kubectl(&[
+                    "wait",
+                    "--for=condition=Available",
+                    "--timeout=180s",
+                    "deployment",
+                    "--all",
+                    &format!("--namespace={namespace}"),
+                ])
+                .await
+                .map_err(|error| with_pods_of(error, plane.dir()))?;
+        }
         let deployments = plane
-            .kubectl(&["get", "deployment", "-o", "wide", &namespace])
+            .kubectl(&["get", "deployment", "-o", "wide", "--all-namespaces"])
             .await?;
         let router_ip = ready_router_ip(&admin).await?;
         let router_url = format!("http://{router_ip}:{}", wire::ROUTER_PORT);
@@ -214,7 +219,7 @@ impl PlaneCluster {
         self.gateway.clone()
     }
 
-    /// `kubectl get deployment -o wide -n agent-sandbox-system` once both were Available.
+    /// `kubectl get deployment -o wide --all-namespaces` once all were Available.
     pub fn deployments(&self) -> &str {
         &self.deployments
     }
@@ -345,13 +350,13 @@ async fn apply_gateway_api(plane: &ControlPlane, dir: &Path) -> Result<()> {
 }
 
 /// The Secret `cargo xtask cluster up` creates on a real cluster (docs/install.md).
-async fn create_signing_key_secret(client: &kube::Client, key: &str) -> Result<()> {
+async fn create_signing_key_secret(client: &kube::Client, namespace: &str, key: &str) -> Result<()> {
     let secret: Secret = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": wire::ROUTER_SIGNING_KEY_SECRET, "namespace": wire::SYSTEM_NAMESPACE},
+        "metadata": {"name": wire::ROUTER_SIGNING_KEY_SECRET, "namespace": namespace},
         "stringData": {wire::ROUTER_SIGNING_KEY_SECRET_KEY: key},
     }))
     .map_err(|e| Error::Config(format!("the signing-key Secret: {e}")))?;
-    Api::<Secret>::namespaced(client.clone(), wire::SYSTEM_NAMESPACE)
+    Api::<Secret>::namespaced(client.clone(), namespace)
         .create(&PostParams::default(), &secret)
         .await
         .map_err(Error::kube("create the router's signing-key Secret"))?;

@@ -14,9 +14,6 @@ type config struct {
 	routerURL   string
 	routerToken string
 	signingKey  []byte
-	// relay asks the port-forward test to provide the sandbox-router-svc endpoint itself when
-	// the namespace has none (see relay_test.go).
-	relay bool
 }
 
 // inCI reports whether the test runs in CI, where a missing requirement fails the test
@@ -51,7 +48,6 @@ func loadConfig(t *testing.T) config {
 		warmPool:    getenv("SANDBOX_WARM_POOL", "python-sandbox-pool"),
 		routerURL:   getenv("SANDBOX_ROUTER_URL", ""),
 		routerToken: getenv("SANDBOX_ROUTER_TOKEN", ""),
-		relay:       getenv("SANDBOX_PORT_FORWARD_RELAY", "") == "true",
 	}
 	if cfg.kubeconfig == "" {
 		requirement(t, "KUBECONFIG is not set: point it at an admin kubeconfig of a cluster "+
