@@ -350,7 +350,11 @@ async fn apply_gateway_api(plane: &ControlPlane, dir: &Path) -> Result<()> {
 }
 
 /// The Secret `cargo xtask cluster up` creates on a real cluster (docs/install.md).
-async fn create_signing_key_secret(client: &kube::Client, namespace: &str, key: &str) -> Result<()> {
+async fn create_signing_key_secret(
+    client: &kube::Client,
+    namespace: &str,
+    key: &str,
+) -> Result<()> {
     let secret: Secret = serde_json::from_value(serde_json::json!({
         "metadata": {"name": wire::ROUTER_SIGNING_KEY_SECRET, "namespace": namespace},
         "stringData": {wire::ROUTER_SIGNING_KEY_SECRET_KEY: key},

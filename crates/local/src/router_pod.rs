@@ -60,21 +60,40 @@ pub fn image_entry(binary: &Path, auth: RouterAuth, secret: Option<&Path>) -> Im
         })
 }
 
-/// Creates the router's namespace, its signing-key Secret (for `Some(key)`), the Service and
-/// the pod (which reads `kubeconfig`); waits until the pod is Ready and returns its IP.
+/// Installs the router as `deploy/overlays/kind` does: in `agent-sandbox-system`, and in the
+/// sandboxes' namespace for upstream's Go SDK (`deploy/sandboxes/namespace-router`), each with
+/// its signing-key Secret (for `Some(key)`), `sandbox-router-svc` and a pod (which reads
+/// `kubeconfig`); waits until the pods are Ready and returns the IP of the one in
+/// `agent-sandbox-system`.
 pub(crate) async fn install(
     client: &kube::Client,
     kubeconfig: &Path,
     signing_key: Option<&str>,
 ) -> Result<String> {
+    for ns in [wire::SYSTEM_NAMESPACE, DEFAULT_NAMESPACE] {
+        install_in(client, kubeconfig, signing_key, ns).await?;
+    }
+    wait_ready_in(client, DEFAULT_NAMESPACE, ROUTER_POD).await?;
+    wait_ready(client, ROUTER_POD).await
+}
+
+async fn install_in(
+    client: &kube::Client,
+    kubeconfig: &Path,
+    signing_key: Option<&str>,
+    ns: &str,
+) -> Result<()> {
     let post = PostParams::default();
-    let ns = wire::SYSTEM_NAMESPACE;
     let namespace: Namespace =
         from_json("the router Namespace", json!({"metadata": {"name": ns}}))?;
-    Api::<Namespace>::all(client.clone())
+    match Api::<Namespace>::all(client.clone())
         .create(&post, &namespace)
         .await
-        .map_err(Error::kube("create", format!("Namespace {ns}")))?;
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 409 => {}
+        Err(error) => return Err(Error::kube("create", format!("Namespace {ns}"))(error)),
+    }
     if let Some(key) = signing_key {
         let mut secret: Secret = from_json(
             "the signing-key Secret",
@@ -108,13 +127,21 @@ pub(crate) async fn install(
             "create",
             format!("Service {ns}/{}", wire::ROUTER_SERVICE),
         ))?;
-    create_pod(client, kubeconfig, ROUTER_POD).await?;
-    wait_ready(client, ROUTER_POD).await
+    create_pod_in(client, kubeconfig, ns, ROUTER_POD).await
 }
 
-/// Creates (another) router pod named `name` behind `sandbox-router-svc`.
+/// Creates (another) router pod named `name` behind `sandbox-router-svc` in
+/// `agent-sandbox-system`.
 pub async fn create_pod(client: &kube::Client, kubeconfig: &Path, name: &str) -> Result<()> {
-    let ns = wire::SYSTEM_NAMESPACE;
+    create_pod_in(client, kubeconfig, wire::SYSTEM_NAMESPACE, name).await
+}
+
+async fn create_pod_in(
+    client: &kube::Client,
+    kubeconfig: &Path,
+    ns: &str,
+    name: &str,
+) -> Result<()> {
     let pod: Pod = from_json(
         "the router Pod",
         json!({
@@ -146,9 +173,12 @@ pub async fn create_pod(client: &kube::Client, kubeconfig: &Path, name: &str) ->
     Ok(())
 }
 
-/// Waits until the router pod `name` is Ready and returns its IP.
+/// Waits until the router pod `name` in `agent-sandbox-system` is Ready and returns its IP.
 pub async fn wait_ready(client: &kube::Client, name: &str) -> Result<String> {
-    let ns = wire::SYSTEM_NAMESPACE;
+    wait_ready_in(client, wire::SYSTEM_NAMESPACE, name).await
+}
+
+async fn wait_ready_in(client: &kube::Client, ns: &str, name: &str) -> Result<String> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     wait_for(
         &format!("the router pod {ns}/{name} to be Ready"),
