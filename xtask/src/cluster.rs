@@ -375,33 +375,64 @@ pub(crate) fn up(root: &Path, options: &UpOptions) -> Result<()> {
     Ok(())
 }
 
-/// Creates the router's signing-key Secret with 32 random bytes (hex) unless it exists.
+/// Creates the router's signing-key Secret with 32 random bytes (hex) unless it exists, in
+/// `agent-sandbox-system` and, with the same key, in `default` for the router there
+/// (`deploy/sandboxes/namespace-router`).
 fn ensure_signing_key(context: &str) -> Result<()> {
-    let ns = agent_sandbox_api::wire::SYSTEM_NAMESPACE;
-    if !probe(kubectl(context).args(["get", "namespace", ns])) {
-        run(kubectl(context).args(["create", "namespace", ns]))?;
-    }
     let secret = agent_sandbox_api::wire::ROUTER_SIGNING_KEY_SECRET;
-    if probe(kubectl(context).args(["-n", ns, "get", "secret", secret])) {
-        return Ok(());
+    let field = agent_sandbox_api::wire::ROUTER_SIGNING_KEY_SECRET_KEY;
+    let namespaces = [
+        agent_sandbox_api::wire::SYSTEM_NAMESPACE,
+        agent_sandbox_api::wire::DEFAULT_SANDBOX_NAMESPACE,
+    ];
+    // The key of the first namespace that has one (decoded by kubectl), else a new one.
+    let mut existing = None;
+    for ns in namespaces {
+        if let Ok(key) = output(kubectl(context).args([
+            "-n",
+            ns,
+            "get",
+            "secret",
+            secret,
+            "-o",
+            &format!("go-template={{{{index .data \"{field}\" | base64decode}}}}"),
+        ])) && !key.trim().is_empty()
+        {
+            existing = Some(key.trim().as_bytes().to_vec());
+            break;
+        }
     }
-    let mut bytes = [0_u8; 32];
-    use std::io::Read as _;
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .context("failed to read /dev/urandom")?;
-    let key: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let key = match existing {
+        Some(key) => key,
+        None => {
+            let mut bytes = [0_u8; 32];
+            use std::io::Read as _;
+            std::fs::File::open("/dev/urandom")
+                .and_then(|mut f| f.read_exact(&mut bytes))
+                .context("failed to read /dev/urandom")?;
+            bytes
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+                .into_bytes()
+        }
+    };
     // Through a private file, so the key never appears in a process list.
     let dir = tempfile::tempdir()?;
     let file = dir.path().join("key");
-    std::fs::write(&file, key)?;
-    run(kubectl(context)
-        .args(["-n", ns, "create", "secret", "generic", secret])
-        .arg(format!(
-            "--from-file={}={}",
-            agent_sandbox_api::wire::ROUTER_SIGNING_KEY_SECRET_KEY,
-            file.display()
-        )))
+    std::fs::write(&file, &key)?;
+    for ns in namespaces {
+        if !probe(kubectl(context).args(["get", "namespace", ns])) {
+            run(kubectl(context).args(["create", "namespace", ns]))?;
+        }
+        if probe(kubectl(context).args(["-n", ns, "get", "secret", secret])) {
+            continue;
+        }
+        run(kubectl(context)
+            .args(["-n", ns, "create", "secret", "generic", secret])
+            .arg(format!("--from-file={field}={}", file.display())))?;
+    }
+    Ok(())
 }
 
 /// Starts the local registry on the `kind` network unless it runs; true when created.

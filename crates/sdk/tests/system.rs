@@ -391,17 +391,17 @@ async fn port_forward_finds_the_router_and_detects_a_dead_tunnel() {
     init_tracing();
     let harness = start(1, true).await;
 
-    // The router is not in `default`: the error says where it looked and what to set.
+    // No router in `kube-system`: the error says where it looked and what to set.
     let wrong = agent_sandbox::Client::from_kube(
         harness.client(),
         ClientOptions::default()
             .namespace(NAMESPACE)
-            .connection(ConnectionMode::port_forward_in("default")),
+            .connection(ConnectionMode::port_forward_in("kube-system")),
     );
     let error = wrong.create_sandbox(POOL).await.unwrap_err();
     let text = error.to_string();
     assert!(
-        text.contains("[\"default\"]") && text.contains("router_namespace"),
+        text.contains("[\"kube-system\"]") && text.contains("router_namespace"),
         "{text}"
     );
     assert!(wrong.list().await.unwrap().is_empty(), "rolled back");

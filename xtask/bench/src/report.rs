@@ -107,9 +107,17 @@ const TABLE_HEADER: &str = "| Case | Median | p99 | Throughput | Peak RSS | Note
 /// others, and rewrites the machine description.
 pub(crate) fn merge_into(path: &Path, rows: &[Row]) -> Result<()> {
     let mut table: BTreeMap<String, Row> = BTreeMap::new();
+    // What follows the table (sections written by hand, such as figures that come from the
+    // end-to-end suite rather than from a case) is kept as it is.
+    let mut after = String::new();
     if let Ok(existing) = std::fs::read_to_string(path) {
-        let mut in_table = false;
+        let (mut in_table, mut past_table) = (false, false);
         for line in existing.lines() {
+            if past_table {
+                after.push_str(line);
+                after.push('\n');
+                continue;
+            }
             if line.trim() == TABLE_HEADER {
                 in_table = true;
                 continue;
@@ -122,7 +130,12 @@ pub(crate) fn merge_into(path: &Path, rows: &[Row]) -> Result<()> {
                     Some(row) => {
                         table.insert(row.name.clone(), row);
                     }
-                    None => in_table = false,
+                    None => {
+                        in_table = false;
+                        past_table = true;
+                        after.push_str(line);
+                        after.push('\n');
+                    }
                 }
             }
         }
@@ -146,6 +159,7 @@ pub(crate) fn merge_into(path: &Path, rows: &[Row]) -> Result<()> {
         out.push_str(&row.to_line());
         out.push('\n');
     }
+    out.push_str(&after);
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent)
             .with_context(|| format!("failed to create {}", parent.display()))?;
@@ -228,6 +242,13 @@ mod tests {
         assert!(text.contains(&updated.to_line()), "{text}");
         assert!(text.contains(&second.to_line()), "{text}");
         assert!(!text.contains(&first.to_line()), "{text}");
+        // A section after the table survives the next merge.
+        let section = "\n## By hand\n\nKept as written.\n";
+        std::fs::write(&path, format!("{text}{section}")).unwrap();
+        merge_into(&path, std::slice::from_ref(&updated)).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.ends_with(section), "{text}");
+        assert!(text.contains(&second.to_line()), "{text}");
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

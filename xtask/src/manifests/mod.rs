@@ -37,10 +37,11 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 /// Kustomize folders rendered on their own.
-pub(crate) const KUSTOMIZATIONS: [&str; 5] = [
+pub(crate) const KUSTOMIZATIONS: [&str; 6] = [
     "deploy/crds",
     "deploy/base",
     "deploy/sandboxes",
+    "deploy/sandboxes/namespace-router",
     "deploy/overlays/kind",
     "deploy/overlays/release",
 ];
@@ -385,14 +386,31 @@ fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> Option<&'a Value> {
         .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
 }
 
+/// [`find`] among the objects of namespace `ns` (or without one).
+fn find_in<'a>(objects: &'a [Value], kind: &str, ns: &str, name: &str) -> Option<&'a Value> {
+    objects.iter().find(|o| {
+        o["kind"] == kind
+            && o["metadata"]["name"] == name
+            && o["metadata"]["namespace"].as_str().is_none_or(|n| n == ns)
+    })
+}
+
 /// Problems with how the controller, router and their clients find each other in a render that
 /// contains `deploy/base` (none when it does not).
 pub(crate) fn wiring_problems(objects: &[Value]) -> Vec<String> {
     let mut problems = Vec::new();
-    let Some(router) = find(objects, "Deployment", "sandbox-router") else {
+    let ns = wire::SYSTEM_NAMESPACE;
+    // Only renders of the system's namespace (deploy/sandboxes/namespace-router alone is not).
+    if !objects.iter().any(|o| o["metadata"]["namespace"] == ns) {
+        return problems;
+    }
+    // The router of agent-sandbox-system (the render may also hold one of a sandboxes'
+    // namespace: deploy/sandboxes/namespace-router).
+    let Some(router) = find_in(objects, "Deployment", ns, "sandbox-router")
+        .or_else(|| find(objects, "Deployment", "sandbox-router"))
+    else {
         return problems;
     };
-    let ns = wire::SYSTEM_NAMESPACE;
     if router["metadata"]["namespace"] != ns {
         problems.push(format!(
             "router Deployment is in {}, but the controller's default NetworkPolicy and the SDK expect {ns}",
@@ -414,7 +432,9 @@ pub(crate) fn wiring_problems(objects: &[Value]) -> Vec<String> {
         .into_iter()
         .flat_map(|(_, c)| c["ports"].as_array().into_iter().flatten())
         .collect();
-    match find(objects, "Service", wire::ROUTER_SERVICE) {
+    match find_in(objects, "Service", ns, wire::ROUTER_SERVICE)
+        .or_else(|| find(objects, "Service", wire::ROUTER_SERVICE))
+    {
         None => problems.push(format!("no Service {}", wire::ROUTER_SERVICE)),
         Some(service) => {
             if service["metadata"]["namespace"] != ns {
@@ -495,11 +515,19 @@ pub(crate) fn flux_problems(root: &Path, objects: &[Value]) -> Vec<String> {
         .filter_map(|o| serde_json::from_value::<flux::Kustomization>(o.clone()).ok())
         .map(|k| (k.metadata.name.clone().unwrap_or_default(), k))
         .collect();
-    if kustomizations.len() != 3 {
-        problems.push(format!(
-            "expected 3 Flux Kustomizations (infrastructure, controller, sandboxes), found {}",
-            kustomizations.len()
-        ));
+    // The chain's three, and on kind the router of the sandboxes' namespace after them.
+    for required in [
+        "agent-sandbox-infrastructure",
+        "agent-sandbox-controller",
+        "agent-sandbox-sandboxes",
+    ] {
+        if !kustomizations.contains_key(required) {
+            problems.push(format!(
+                "no Flux Kustomization {required} (the chain is infrastructure, controller, \
+                 sandboxes), found {:?}",
+                kustomizations.keys().collect::<Vec<_>>()
+            ));
+        }
     }
     for (name, k) in &kustomizations {
         let spec = &k.spec;
@@ -662,8 +690,8 @@ mod tests {
             Ok(summary) => summary,
             Err(error) => panic!("{error:#}"),
         };
-        // 5 folders, 2 Flux folders with 3 paths each, and the kind config.
-        assert_eq!(summary.len(), 5 + 2 + 6 + 1, "{summary:#?}");
+        // 6 folders, 2 Flux folders with 4 and 3 paths, and the kind config.
+        assert_eq!(summary.len(), 6 + 2 + 7 + 1, "{summary:#?}");
     }
 
     /// A typo in a field name fails, naming the field, whatever kind it is in.
