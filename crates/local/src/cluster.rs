@@ -132,6 +132,9 @@ pub struct LocalCluster {
     auth: RouterAuth,
     secret: Option<(String, PathBuf)>,
     router_pod_url: Option<String>,
+    /// The kubeconfig router pods read: in the data directory, which pods can see (a
+    /// `LocalConfig::kubeconfig` elsewhere, under `/tmp` say, may be out of their sight).
+    router_pod_kubeconfig: PathBuf,
     pool_replicas: i32,
     gateway: bool,
     controller_config: Option<agent_sandbox_controller::Config>,
@@ -227,9 +230,22 @@ impl LocalCluster {
             None => None,
         };
 
+        let router_pod_kubeconfig = if config.router_pod.is_some()
+            && sim.kubeconfig_path().parent() != Some(sim.data_dir())
+        {
+            let copy = sim.data_dir().join("router-pod.kubeconfig");
+            std::fs::copy(sim.kubeconfig_path(), &copy).map_err(Error::io(
+                "copy the kubeconfig for the router pods to",
+                &copy,
+            ))?;
+            copy
+        } else {
+            sim.kubeconfig_path().to_path_buf()
+        };
         let mut cluster = Self {
             router: None,
             controller: None,
+            router_pod_kubeconfig,
             client,
             auth: config.router_auth,
             secret,
@@ -257,8 +273,9 @@ impl LocalCluster {
             let signing_key = secret
                 .as_deref()
                 .filter(|_| config.router_auth == RouterAuth::Scoped);
-            let ip = router_pod::install(&cluster.client, cluster.kubeconfig_path(), signing_key)
-                .await?;
+            let ip =
+                router_pod::install(&cluster.client, &cluster.router_pod_kubeconfig, signing_key)
+                    .await?;
             cluster.router_pod_url = Some(format!("http://{ip}:{}", wire::ROUTER_PORT));
             if config.gateway && cluster.router.is_none() {
                 router_pod::write_gateway(&cluster.client, &ip, wire::ROUTER_PORT).await?;
@@ -471,7 +488,7 @@ impl LocalCluster {
     /// Creates another router pod named `name` behind `sandbox-router-svc` (a replacement for a
     /// deleted one; it runs the binary of [`LocalConfig::router_pod`]).
     pub async fn create_router_pod(&self, name: &str) -> Result<()> {
-        router_pod::create_pod(&self.client, self.kubeconfig_path(), name).await
+        router_pod::create_pod(&self.client, &self.router_pod_kubeconfig, name).await
     }
 
     /// Waits until the default pool has at least `ready` ready sandboxes, calling `progress`
