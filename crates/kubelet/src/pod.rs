@@ -1253,14 +1253,7 @@ impl Worker {
             let Some(state) = self.probes[index].as_ref() else {
                 continue;
             };
-            let env = self.env_cache.get(index).cloned().unwrap_or_default();
-            let ok = probe::check(
-                &state.probe.action,
-                state.probe.timeout,
-                &env,
-                &self.paths.app,
-            )
-            .await;
+            let ok = self.probe_once(index, &state.probe).await;
             let fast = self.ctx.fast_probe;
             let Some(state) = self.probes[index].as_mut() else {
                 continue;
@@ -1295,6 +1288,12 @@ impl Worker {
         }
     }
 
+    /// One check of `probe` for container `index` (with its environment, for `exec`).
+    async fn probe_once(&self, index: usize, probe: &Probe) -> bool {
+        let env = self.env_cache.get(index).cloned().unwrap_or_default();
+        probe::check(&probe.action, probe.timeout, &env, &self.paths.app).await
+    }
+
     /// Runs the liveness probes that are due; a container that fails `failureThreshold` in a
     /// row is stopped (SIGTERM, SIGKILL after the pod's grace period) and then restarted per
     /// `restartPolicy`, as a node does.
@@ -1306,14 +1305,7 @@ impl Worker {
             else {
                 continue;
             };
-            let env = self.env_cache.get(index).cloned().unwrap_or_default();
-            let ok = probe::check(
-                &state.probe.action,
-                state.probe.timeout,
-                &env,
-                &self.paths.app,
-            )
-            .await;
+            let ok = self.probe_once(index, &state.probe).await;
             let Some(state) = self.liveness[index].as_mut() else {
                 continue;
             };

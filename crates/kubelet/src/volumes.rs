@@ -227,31 +227,34 @@ pub(crate) fn files(
         .get("name")
         .and_then(Value::as_str)
         .unwrap_or_default();
-    let lookup = |resource: &'static str, name: &str| refs.get(&(resource, name.to_owned()));
-    let mut files = Vec::new();
-    if let Some(map) = volume.get("configMap") {
-        let name = map.get("name").and_then(Value::as_str).unwrap_or_default();
-        object_files(
-            &format!("configmap {name:?}"),
-            lookup("configmaps", name),
-            map.get("items"),
-            optional(map),
-            mode(map.get("defaultMode"), DEFAULT_MODE),
-            &mut files,
-        )?;
-    } else if let Some(secret) = volume.get("secret") {
-        let name = secret
-            .get("secretName")
+    // A ConfigMap or Secret, as a volume (`name_key`: `name` or `secretName`; its own
+    // `defaultMode`) or as a projected source (the projection's mode).
+    let object = |kind: &str, source: &Value, name_key: &str, default_mode: Option<u32>| {
+        let (resource, what) = if kind == "configMap" {
+            ("configmaps", "configmap")
+        } else {
+            ("secrets", "secret")
+        };
+        let name = source
+            .get(name_key)
             .and_then(Value::as_str)
             .unwrap_or_default();
+        let mut files = Vec::new();
         object_files(
-            &format!("secret {name:?}"),
-            lookup("secrets", name),
-            secret.get("items"),
-            optional(secret),
-            mode(secret.get("defaultMode"), DEFAULT_MODE),
+            &format!("{what} {name:?}"),
+            refs.get(&(resource, name.to_owned())),
+            source.get("items"),
+            optional(source),
+            default_mode.unwrap_or_else(|| mode(source.get("defaultMode"), DEFAULT_MODE)),
             &mut files,
-        )?;
+        )
+        .map(|()| files)
+    };
+    let mut files = Vec::new();
+    if let Some(map) = volume.get("configMap") {
+        files = object("configMap", map, "name", None)?;
+    } else if let Some(secret) = volume.get("secret") {
+        files = object("secret", secret, "secretName", None)?;
     } else if let Some(downward) = volume.get("downwardAPI") {
         downward_files(
             downward.get("items"),
@@ -263,28 +266,9 @@ pub(crate) fn files(
         let default_mode = mode(projected.get("defaultMode"), DEFAULT_MODE);
         for source in sources(volume) {
             if let Some(map) = source.get("configMap") {
-                let name = map.get("name").and_then(Value::as_str).unwrap_or_default();
-                object_files(
-                    &format!("configmap {name:?}"),
-                    lookup("configmaps", name),
-                    map.get("items"),
-                    optional(map),
-                    default_mode,
-                    &mut files,
-                )?;
+                files.extend(object("configMap", map, "name", Some(default_mode))?);
             } else if let Some(secret) = source.get("secret") {
-                let name = secret
-                    .get("name")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default();
-                object_files(
-                    &format!("secret {name:?}"),
-                    lookup("secrets", name),
-                    secret.get("items"),
-                    optional(secret),
-                    default_mode,
-                    &mut files,
-                )?;
+                files.extend(object("secret", secret, "name", Some(default_mode))?);
             } else if let Some(downward) = source.get("downwardAPI") {
                 downward_files(downward.get("items"), default_mode, field, &mut files)?;
             } else if let Some(token) = source.get("serviceAccountToken") {
