@@ -164,6 +164,8 @@ impl PlaneCluster {
         let deployments = plane
             .kubectl(&["get", "deployment", "-o", "wide", "--all-namespaces"])
             .await?;
+        let restart = a_killed_container_restarts(&admin).await?;
+        let deployments = format!("{deployments}{restart}\n");
         let router_ip = ready_router_ip(&admin).await?;
         let router_url = format!("http://{router_ip}:{}", wire::ROUTER_PORT);
         // With the Gateway API installed, the Gateway that an implementation would program in
@@ -237,6 +239,71 @@ fn with_pods_of(error: Error, dir: &Path) -> Error {
     Error::Config(format!(
         "{error}\n(the pods' logs are under {}; run with --keep to inspect)",
         logs.display()
+    ))
+}
+
+/// A container of a Deployment's pod that dies is restarted in place, as on a node: the
+/// namespace router's container is killed (SIGKILL to its process group leader, the
+/// `sim://<pid>` of its container ID), and the same pod runs it again (restart count 1) and is
+/// Ready. Returns a line saying so.
+async fn a_killed_container_restarts(client: &kube::Client) -> Result<String> {
+    let namespace = wire::DEFAULT_SANDBOX_NAMESPACE;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let selector = format!(
+        "{}={}",
+        agent_sandbox_api::labels::ROUTER_APP,
+        agent_sandbox_api::labels::ROUTER_APP_VALUE
+    );
+    let list = pods
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(Error::kube("list the namespace router's pods"))?;
+    let (name, pid) = list
+        .items
+        .iter()
+        .find_map(|pod| {
+            let status = pod.status.as_ref()?.container_statuses.as_ref()?.first()?;
+            let pid = status.container_id.as_ref()?.strip_prefix("sim://")?;
+            Some((pod.metadata.name.clone()?, pid.to_owned()))
+        })
+        .ok_or_else(|| Error::Config(format!("no running router pod in {namespace}")))?;
+    let killed = std::time::Instant::now();
+    let status = tokio::process::Command::new("kill")
+        .args(["-KILL", &pid])
+        .status()
+        .await
+        .map_err(Error::io("run", Path::new("kill")))?;
+    if !status.success() {
+        return Err(Error::Config(format!("kill -KILL {pid} failed: {status}")));
+    }
+    wait_for(
+        &format!("router pod {namespace}/{name} to restart its container"),
+        STEP,
+        || async {
+            let pod = pods
+                .get(&name)
+                .await
+                .map_err(Error::kube(format!("get pod {namespace}/{name}")))?;
+            let status = pod.status.unwrap_or_default();
+            let container = status
+                .container_statuses
+                .unwrap_or_default()
+                .into_iter()
+                .next();
+            let ready = container.as_ref().is_some_and(|c| c.ready);
+            let restarts = container.as_ref().map_or(0, |c| c.restart_count);
+            Ok::<_, Error>(if ready && restarts == 1 {
+                Check::Done(())
+            } else {
+                Check::NotYet(format!("restart count {restarts}, ready {ready}"))
+            })
+        },
+    )
+    .await?;
+    Ok(format!(
+        "killed the container of router pod {namespace}/{name} (pid {pid}): restarted in the \
+         same pod (restart count 1) and Ready again after {:.1} s",
+        killed.elapsed().as_secs_f64()
     ))
 }
 
