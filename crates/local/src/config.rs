@@ -100,9 +100,10 @@ pub struct LocalConfig {
     /// Port of the in-process router on 127.0.0.1 (0: chosen by the OS).
     pub router_port: u16,
     /// Also run the router as the pod [`ROUTER_POD`](crate::ROUTER_POD) behind
-    /// `sandbox-router-svc` in `agent-sandbox-system`, from this `sandbox-router` binary, as a
-    /// real installation does (for port-forward mode and for the e2e suite). With
-    /// [`RouterAuth::Scoped`] its signing key is also stored in the Secret a real installation
+    /// `sandbox-router-svc` in `agent-sandbox-system`, and another in `default` (where upstream's
+    /// Go SDK looks: `deploy/sandboxes/namespace-router`), from this `sandbox-router` binary, as
+    /// the kind overlay installs them (for port-forward mode and for the e2e suite). With
+    /// [`RouterAuth::Scoped`] its signing key is also stored in the Secrets a real installation
     /// has.
     pub router_pod: Option<PathBuf>,
     /// Authentication of both routers.

@@ -1,7 +1,8 @@
 //! The router as a real installation runs it: the pod [`ROUTER_POD`] labelled
 //! `app: sandbox-router` behind `sandbox-router-svc` in `agent-sandbox-system` (where the SDK's
-//! port-forward mode and the controller's default NetworkPolicy expect it), with its signing key
-//! in the Secret `cargo xtask cluster up` creates; and the Gateway a Gateway implementation
+//! port-forward mode and the controller's default NetworkPolicy expect it), and another in the
+//! sandboxes' namespace (where upstream's Go SDK looks), each with its signing key in the Secret
+//! `cargo xtask cluster up` creates; and the Gateway a Gateway implementation
 //! would program in front of a router. [`image_entry`], [`create_pod`], [`wait_ready`] and
 //! [`write_gateway`] also serve other clusters whose node is our kubelet (the control-plane
 //! tier of `tests/`).
