@@ -932,12 +932,21 @@ mod tests {
         assert_ne!(ignored & (1 << (libc::SIGWINCH - 1)), 0);
         assert_eq!(status_field(pid, "SigBlk:"), 0);
         assert_eq!(status_field(pid, "NoNewPrivs:"), 0);
-        let mut fds: Vec<String> = std::fs::read_dir(format!("/proc/{raw}/fd"))
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .collect();
-        fds.sort();
-        assert_eq!(fds, ["0", "1", "2"]);
+        // Right after `execve` the program's own start-up (the dynamic loader opening its
+        // libraries, locale files) may hold a descriptor for a moment; an inherited one stays.
+        let fds = || {
+            let mut fds: Vec<String> = std::fs::read_dir(format!("/proc/{raw}/fd"))
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect();
+            fds.sort();
+            fds
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while fds() != ["0", "1", "2"] && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(fds(), ["0", "1", "2"]);
         rustix::process::pidfd_send_signal(&child.pidfd, rustix::process::Signal::KILL).unwrap();
         assert_eq!(wait(pid).terminating_signal(), Some(libc::SIGKILL));
     }
