@@ -22,8 +22,8 @@ use std::time::Duration;
 
 use agent_sandbox_api::wire;
 use agent_sandbox_kubelet::{
-    ApiServing, ImageEntry, ImageTable, Isolation, Kubelet, KubeletConfig, PodNetwork, Program,
-    runtime_entry,
+    ApiServing, ImageEntry, ImageTable, Isolation, Kubelet, KubeletConfig, NodeCapacity,
+    PodNetwork, Program, runtime_entry,
 };
 use agent_sandbox_local::testkit;
 use agent_sandbox_local::wait::{Check, wait_for};
@@ -130,6 +130,14 @@ impl PlaneCluster {
                 }),
                 kubernetes_service: Some(api),
                 pod_network: PodNetwork::Local { network, prefix },
+                // Room for every pod the suite and the benches make (the template asks 250m
+                // each, the controller and the routers 350m): this node enforces no requests,
+                // and with a machine's 2 CPUs the scheduler would leave claims Pending.
+                capacity: NodeCapacity {
+                    cpu: "64".to_owned(),
+                    memory: "256Gi".to_owned(),
+                    pods: 1000,
+                },
                 ..KubeletConfig::new(NODE, &plane.dir().join("kubelet"))
             },
         )

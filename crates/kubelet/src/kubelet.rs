@@ -64,6 +64,37 @@ pub struct KubeletConfig {
     pub kubernetes_service: Option<SocketAddr>,
     /// Where pod IPs come from.
     pub pod_network: PodNetwork,
+    /// What the Node advertises to the scheduler as its capacity (and allocatable). This node
+    /// enforces no requests or limits; the scheduler places pods by these figures.
+    pub capacity: NodeCapacity,
+}
+
+/// A Node's capacity, as quantities.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeCapacity {
+    /// CPUs (`"2"`, `"500m"`).
+    pub cpu: String,
+    /// Memory (`"8Gi"`).
+    pub memory: String,
+    /// Pods.
+    pub pods: u32,
+}
+
+impl Default for NodeCapacity {
+    /// 2 CPUs, 8 GiB and 1000 pods.
+    fn default() -> Self {
+        Self {
+            cpu: "2".to_owned(),
+            memory: "8Gi".to_owned(),
+            pods: 1000,
+        }
+    }
+}
+
+impl NodeCapacity {
+    pub(crate) fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({"cpu": self.cpu, "memory": self.memory, "pods": self.pods.to_string()})
+    }
 }
 
 /// Where pod IPs come from. Every pod shares the node's network namespace; an IP is an
@@ -106,6 +137,7 @@ impl KubeletConfig {
             api: None,
             kubernetes_service: None,
             pod_network: PodNetwork::Loopback,
+            capacity: NodeCapacity::default(),
         }
     }
 }
@@ -244,6 +276,7 @@ impl Kubelet {
                 name: config.node_name,
                 kubelet_port,
                 lease_duration: config.lease_duration,
+                capacity: config.capacity.clone(),
             },
             heartbeat: config.heartbeat_interval,
             node_status_every: config.node_status_interval,

@@ -36,7 +36,7 @@ mod volumes;
 
 pub use error::{Error, Result};
 pub use images::{DefaultReadiness, ImageEntry, ImageTable, Program, runtime_entry};
-pub use kubelet::{Kubelet, KubeletConfig, PodKey, PodNetwork};
+pub use kubelet::{Kubelet, KubeletConfig, NodeCapacity, PodKey, PodNetwork};
 pub use logs::{LogOptions, LogStream};
 pub use process::{Isolation, bwrap_available};
 pub use server::ApiServing;

@@ -25,6 +25,7 @@ pub(crate) struct NodeSpec {
     /// Port of the kubelet API on the node's address, when it serves one.
     pub(crate) kubelet_port: Option<u16>,
     pub(crate) lease_duration: Duration,
+    pub(crate) capacity: crate::kubelet::NodeCapacity,
 }
 
 fn now() -> String {
@@ -43,8 +44,8 @@ fn node_status(spec: &NodeSpec, ready_since: &str) -> Value {
     let mut status = json!({
         "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
                       {"type": "Hostname", "address": spec.name}],
-        "capacity": {"cpu": "2", "memory": "8Gi", "pods": "1000"},
-        "allocatable": {"cpu": "2", "memory": "8Gi", "pods": "1000"},
+        "capacity": spec.capacity.to_json(),
+        "allocatable": spec.capacity.to_json(),
         "conditions": [ready_condition(ready_since)],
         "nodeInfo": {"kubeletVersion": "v1.35.0-sim", "operatingSystem": "linux",
                      "architecture": go_arch(std::env::consts::ARCH), "containerRuntimeVersion": "sim://1",
