@@ -876,6 +876,9 @@ mod tests {
 
         let controller = object(&objects, "Deployment", wire::CONTROLLER_NAME);
         let container = &controller["spec"]["template"]["spec"]["containers"][0];
+        // Upstream's container name (its manifests' `agent-sandbox-controller`), so patches
+        // written against upstream apply to ours.
+        assert_eq!(container["name"], wire::CONTROLLER_NAME);
         let argv = std::iter::once("agent-sandbox-controller".to_owned()).chain(args(container));
         let config = agent_sandbox_controller::Args::try_parse_from(argv)
             .unwrap()
