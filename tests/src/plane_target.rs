@@ -347,21 +347,38 @@ async fn ready_router_ip(client: &kube::Client) -> Result<Ipv4Addr> {
 
 /// `deploy/crds`, applied and established.
 async fn apply_crds(plane: &ControlPlane) -> Result<()> {
-    plane
-        .kubectl(&["apply", "--server-side", "-k", "deploy/crds"])
-        .await?;
-    plane
-        .kubectl(&[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd",
+    apply_established(
+        plane,
+        &["-k", "deploy/crds"],
+        &[
             "sandboxes.agents.x-k8s.io",
             "sandboxtemplates.extensions.agents.x-k8s.io",
             "sandboxwarmpools.extensions.agents.x-k8s.io",
             "sandboxclaims.extensions.agents.x-k8s.io",
-        ])
-        .await?;
+        ],
+    )
+    .await
+}
+
+/// `kubectl apply --server-side <source>`, then waits until the CRDs `crds` are Established.
+async fn apply_established(plane: &ControlPlane, source: &[&str], crds: &[&str]) -> Result<()> {
+    let apply: Vec<&str> = ["apply", "--server-side"]
+        .iter()
+        .chain(source)
+        .copied()
+        .collect();
+    plane.kubectl(&apply).await?;
+    let wait: Vec<&str> = [
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd",
+    ]
+    .iter()
+    .chain(crds)
+    .copied()
+    .collect();
+    plane.kubectl(&wait).await?;
     Ok(())
 }
 
@@ -408,20 +425,15 @@ fn gateway_api_crds(bin_dir: &Path) -> Option<PathBuf> {
 /// The Gateway API's CRDs from `dir`, established.
 async fn apply_gateway_api(plane: &ControlPlane, dir: &Path) -> Result<()> {
     let dir = dir.display().to_string();
-    plane
-        .kubectl(&["apply", "--server-side", "-f", &dir])
-        .await?;
-    plane
-        .kubectl(&[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd",
+    apply_established(
+        plane,
+        &["-f", &dir],
+        &[
             "gateways.gateway.networking.k8s.io",
             "gatewayclasses.gateway.networking.k8s.io",
-        ])
-        .await?;
-    Ok(())
+        ],
+    )
+    .await
 }
 
 /// The Secret `cargo xtask cluster up` creates on a real cluster (docs/install.md).
