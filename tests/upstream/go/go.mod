@@ -3,7 +3,7 @@ module agent-sandbox-rs/tests/upstream/go
 go 1.26.0
 
 require (
-	k8s.io/api v0.37.0
+	k8s.io/api v0.37.0 // indirect
 	k8s.io/apimachinery v0.37.0
 	k8s.io/client-go v0.37.0
 	// Pinned: v1.0.3 is the newest version the Go module proxy serves to this project's
