@@ -12,7 +12,8 @@
 //! - the JSON of the runtime server: legacy endpoints and the `/v1` API ([`runtime`], [`runtime::v1`]);
 //! - the scoped router token format, minted and verified as pure functions ([`token`]);
 //! - the Kubernetes name syntax the router, sim and controller validate with ([`names`]), and the
-//!   one duration and size syntax of every binary's flags ([`units`]);
+//!   one duration and size syntax of every binary's flags ([`units`]), and Go's flag spelling that
+//!   upstream's manifests use ([`go_flag`]);
 //! - how every binary reports an error: one line and exit status 2 for configuration ([`exit`]).
 //!
 //! Other crates import constants from here instead of spelling a string twice.
@@ -22,6 +23,7 @@ pub mod claim;
 pub mod conditions;
 pub mod crds;
 pub mod exit;
+pub mod go_flag;
 mod hash;
 pub mod labels;
 pub mod names;
