@@ -5,33 +5,41 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceDefinition, JSONSchemaProps, JSONSchemaPropsOrArray, JSONSchemaPropsOrBool,
 };
 use kube_core::CustomResourceExt;
-use schemars::{Schema, SchemaGenerator, json_schema};
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 
 use crate::{Sandbox, SandboxClaim, SandboxTemplate, SandboxWarmPool};
 
+mod kubernetes;
+
 /// Every CRD we serve, in a fixed order (core group first).
 pub fn all() -> Vec<CustomResourceDefinition> {
-    let mut crds = vec![
-        Sandbox::crd(),
-        SandboxTemplate::crd(),
-        SandboxWarmPool::crd(),
-        SandboxClaim::crd(),
-    ];
-    for crd in &mut crds {
-        crd.spec.names.list_kind = Some(format!("{}List", crd.spec.names.kind));
-        for version in &mut crd.spec.versions {
-            if let Some(schema) = version
-                .schema
-                .as_mut()
-                .and_then(|validation| validation.open_api_v3_schema.as_mut())
-            {
-                tidy(schema);
-                bound_integers(schema);
-                add_root_fields(schema);
-            }
+    vec![
+        crd::<Sandbox>(),
+        crd::<SandboxTemplate>(),
+        crd::<SandboxWarmPool>(),
+        crd::<SandboxClaim>(),
+    ]
+}
+
+/// The CRD of `K` as kube derives it, with the Kubernetes API's markers on the embedded
+/// Kubernetes types (see [`kubernetes`]) and in the shape controller-gen gives upstream's.
+fn crd<K: CustomResourceExt + JsonSchema>() -> CustomResourceDefinition {
+    let mut crd = K::crd();
+    let shape = kubernetes::shape_of::<K>();
+    crd.spec.names.list_kind = Some(format!("{}List", crd.spec.names.kind));
+    for version in &mut crd.spec.versions {
+        if let Some(schema) = version
+            .schema
+            .as_mut()
+            .and_then(|validation| validation.open_api_v3_schema.as_mut())
+        {
+            kubernetes::annotate(schema, &shape);
+            tidy(schema);
+            bound_integers(schema);
+            add_root_fields(schema);
         }
     }
-    crds
+    crd
 }
 
 /// Declares `apiVersion`, `kind` and `metadata` at the root, as upstream's CRDs do.
