@@ -136,3 +136,43 @@ pub mod headers {
 
 /// Namespace the router assumes when `X-Sandbox-Namespace` is absent.
 pub const DEFAULT_SANDBOX_NAMESPACE: &str = "default";
+
+/// Port of the router's separate metrics listener in upstream's Go router manifests
+/// (`--metrics-bind-address=:9090`).
+pub const ROUTER_METRICS_PORT: u16 = 9090;
+/// Port of the router's separate probe listener (`/healthz`, `/readyz`) in upstream's Go router
+/// manifests (`--health-probe-bind-address=:8081`).
+pub const ROUTER_HEALTH_PORT: u16 = 8081;
+
+/// Environment variables upstream's routers read (the Python router's, and the Go router's
+/// aliases of its flags), which `sandbox-router` honours so that upstream's manifests start it.
+pub mod router_env {
+    /// A static bearer token (surrounding whitespace removed; empty means unset).
+    pub const ROUTER_AUTH_TOKEN: &str = "ROUTER_AUTH_TOKEN";
+    /// Truthy (`1`, `true`, `t`, `yes`, `y`, `on`, any case): run without authentication.
+    pub const ALLOW_UNAUTHENTICATED_ROUTER: &str = "ALLOW_UNAUTHENTICATED_ROUTER";
+    /// Request deadline, positive float seconds.
+    pub const PROXY_TIMEOUT_SECONDS: &str = "PROXY_TIMEOUT_SECONDS";
+    /// The cluster's DNS domain.
+    pub const CLUSTER_DOMAIN: &str = "CLUSTER_DOMAIN";
+    /// The Go router's YAML file of flag values.
+    pub const SANDBOX_ROUTER_CONFIG: &str = "SANDBOX_ROUTER_CONFIG";
+    /// Read by upstream's routers for behaviour `sandbox-router` does not have (connection pool
+    /// sizes, WebSocket limits, TLS, OpenTelemetry): accepted and reported as having no effect.
+    pub const WITHOUT_EFFECT: [&str; 11] = [
+        "MAX_KEEPALIVE_CONNECTIONS",
+        "WEBSOCKET_IDLE_TIMEOUT_SECONDS",
+        "WEBSOCKET_MAX_LIFETIME_SECONDS",
+        "WEBSOCKET_MAX_CONNECTIONS_PER_CLIENT",
+        "WEBSOCKET_MAX_MESSAGE_BYTES",
+        "TRUSTED_PROXY_CIDRS",
+        "TLS_MIN_VERSION",
+        "TLS_CIPHER_SUITES",
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+    ];
+    /// The values of [`ALLOW_UNAUTHENTICATED_ROUTER`] that mean yes, compared ignoring case and
+    /// surrounding whitespace.
+    pub const TRUTHY: [&str; 6] = ["1", "true", "t", "yes", "y", "on"];
+}

@@ -60,6 +60,65 @@ pub enum Error {
         /// The flag that provides its secret.
         flag: &'static str,
     },
+    /// A v2 verification key file cannot be used.
+    #[error("invalid scoped-token v2 verification key file {}", path.display())]
+    VerificationKeys {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: agent_sandbox_api::token::TokenError,
+    },
+    /// A flag value cannot be used.
+    #[error("invalid {flag} {value:?}: {reason}")]
+    InvalidFlag {
+        /// The flag.
+        flag: &'static str,
+        /// The value given.
+        value: String,
+        /// What is wrong and what would do.
+        reason: String,
+    },
+    /// No auth mode was chosen by any flag or environment variable.
+    #[error(
+        "no authentication mode chosen{}: pass --auth scoped --signing-key-file FILE (per-sandbox \
+         tokens), --auth token --token-file FILE, or --auth none (development); or, as upstream's \
+         routers take it, set ROUTER_AUTH_TOKEN to a bearer token, or \
+         ALLOW_UNAUTHENTICATED_ROUTER=true to run without authentication",
+        allow.as_ref().map(|v| format!(" (ALLOW_UNAUTHENTICATED_ROUTER is {v:?}, which is not true)")).unwrap_or_default()
+    )]
+    NoAuthMode {
+        /// `ALLOW_UNAUTHENTICATED_ROUTER`, when set.
+        allow: Option<String>,
+    },
+    /// Upstream's `--authz-mode=tokenreview`.
+    #[error(
+        "--authz-mode=tokenreview is not supported: use --authz-mode=scoped-token with \
+         --authz-scoped-token-verification-keys-file (v2) or --authz-scoped-token-secret-file \
+         (v1) for per-sandbox tokens, or ROUTER_AUTH_TOKEN for one static bearer token"
+    )]
+    TokenReviewUnsupported,
+    /// A scoped-token flag with another auth mode.
+    #[error("{flag} needs --auth scoped (or --authz-mode=scoped-token); the auth mode is {mode}")]
+    ScopedFlagWithoutScopedMode {
+        /// The flag.
+        flag: &'static str,
+        /// The mode chosen.
+        mode: &'static str,
+    },
+    /// v1 and v2 keys without the end of v1.
+    #[error(
+        "--authz-scoped-token-v1-accept-until is required when v1 keys (--signing-key-file, \
+         --authz-scoped-token-secret-file) and v2 keys \
+         (--authz-scoped-token-verification-keys-file) are both given: pass the RFC 3339 instant \
+         from which v1 tokens are refused, e.g. --authz-scoped-token-v1-accept-until=2027-01-01T00:00:00Z"
+    )]
+    MissingV1AcceptUntil,
+    /// Upstream's `--config` / `SANDBOX_ROUTER_CONFIG`.
+    #[error(
+        "--config and SANDBOX_ROUTER_CONFIG (upstream's YAML file of flag values) are not \
+         supported: pass the flags as arguments instead, so that no setting is silently dropped"
+    )]
+    ConfigFile,
     /// `--namespace` is not a DNS-1123 label.
     #[error("namespace {namespace:?} is not a valid DNS-1123 label")]
     InvalidNamespace {
@@ -79,6 +138,13 @@ impl Error {
             | Self::TokenTooShort { .. }
             | Self::SigningKey { .. }
             | Self::MissingSecret { .. }
+            | Self::VerificationKeys { .. }
+            | Self::InvalidFlag { .. }
+            | Self::NoAuthMode { .. }
+            | Self::TokenReviewUnsupported
+            | Self::ScopedFlagWithoutScopedMode { .. }
+            | Self::MissingV1AcceptUntil
+            | Self::ConfigFile
             | Self::InvalidNamespace { .. } => true,
             Self::LocalAddr { .. } => false,
         }

@@ -32,8 +32,9 @@ mod watch;
 use std::future::Future;
 
 pub use config::{
-    Args, Auth, AuthMode, Config, MIN_STATIC_TOKEN_BYTES, Secret, defaults, read_signing_key,
-    read_static_token,
+    Args, Auth, AuthMode, Config, GoAuthzMode, GoFlags, IgnoredGoFlags, MIN_STATIC_TOKEN_BYTES,
+    Resolved, Secret, defaults, is_truthy, parse_bind_address, read_signing_key, read_static_token,
+    read_verification_keys,
 };
 pub use error::{Error, Result};
 pub use index::{Backend, Index, SharedIndex, Unroutable};

@@ -18,9 +18,9 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::auth::authorize;
+use crate::auth::{self, Authorizer};
 use crate::body::{Finish, Outcome, RequestBody, ResponseBody};
-use crate::config::{Auth, Config};
+use crate::config::Config;
 use crate::connector::Connector;
 use crate::headers::{
     deadline, head_bytes, inbound_response_headers, is_upgrade, outbound_headers, parse_routing,
@@ -30,6 +30,17 @@ use crate::metrics::Metrics;
 use crate::reject::{Reason, Rejection, json_response, shown};
 use crate::route;
 
+/// What a listener serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// Proxied requests, and the operational endpoints for requests without `X-Sandbox-ID`.
+    Proxy,
+    /// `/healthz` and `/readyz` only (upstream's `--health-probe-bind-address`).
+    Probes,
+    /// `/metrics` only (upstream's `--metrics-bind-address`).
+    Metrics,
+}
+
 /// Idle pooled connections kept per pod.
 const POOL_MAX_IDLE_PER_HOST: usize = 32;
 
@@ -37,7 +48,7 @@ const POOL_MAX_IDLE_PER_HOST: usize = 32;
 #[derive(Debug)]
 pub(crate) struct Proxy {
     index: SharedIndex,
-    auth: Auth,
+    authorizer: Authorizer,
     max_timeout: Duration,
     max_body_bytes: u64,
     max_header_bytes: usize,
@@ -68,7 +79,7 @@ impl Proxy {
             .build(connector);
         Self {
             index,
-            auth: config.auth.clone(),
+            authorizer: Authorizer::new(config),
             max_timeout: config.max_timeout,
             max_body_bytes: config.max_body_bytes,
             max_header_bytes: config.max_header_bytes,
@@ -83,7 +94,35 @@ impl Proxy {
 
     /// The `--auth` mode, for the startup log.
     pub(crate) fn auth_mode(&self) -> &'static str {
-        self.auth.mode()
+        self.authorizer.mode()
+    }
+
+    /// Answers a request on a probe or metrics listener: its endpoints, 404 for anything else.
+    pub(crate) fn handle_operations(
+        &self,
+        request: &Request<Incoming>,
+        role: Role,
+    ) -> Response<ResponseBody> {
+        let path = request.uri().path();
+        let allowed = match role {
+            Role::Proxy => true,
+            Role::Probes => path == "/healthz" || path == "/readyz",
+            Role::Metrics => path == "/metrics",
+        };
+        if allowed && let Some(response) = self.operations(request) {
+            return response;
+        }
+        json_response(
+            StatusCode::NOT_FOUND,
+            &serde_json::json!({"detail": format!(
+                "This listener serves {} only.",
+                match role {
+                    Role::Proxy | Role::Probes => "GET /healthz and GET /readyz",
+                    Role::Metrics => "GET /metrics",
+                }
+            )}),
+            false,
+        )
     }
 
     /// Answers one request; never fails (refusals are JSON answers).
@@ -222,11 +261,13 @@ impl Proxy {
         {
             return Err(self.too_large(&sandbox));
         }
-        authorize(
-            &self.auth,
+        self.authorizer.authorize(
             &parts.headers,
-            &routing.namespace,
-            &routing.id,
+            auth::Request {
+                routing: &routing,
+                method: &parts.method,
+                path: parts.uri.path(),
+            },
             unix_now(),
         )?;
         let backend = self

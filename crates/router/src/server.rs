@@ -1,7 +1,8 @@
-//! The listener: accepts connections, serves HTTP/1.1 with upgrades, and shuts down gracefully
-//! (stop accepting, let in-flight requests and tunnels finish within the grace period, then
-//! close what is left). Every task it starts is tracked and ended before [`Router::serve`]
-//! returns.
+//! The listeners: the proxy's, and optionally a probe listener (`/healthz`, `/readyz`) and a
+//! metrics listener (`/metrics`) as upstream's Go router has them. Accepts connections, serves
+//! HTTP/1.1 with upgrades, and shuts down gracefully (stop accepting, let in-flight requests and
+//! tunnels finish within the grace period, then close what is left). Every task it starts is
+//! tracked and ended before [`Router::serve`] returns.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -20,7 +21,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::{Auth, Config};
 use crate::error::{Error, Result};
 use crate::index::SharedIndex;
-use crate::proxy::Proxy;
+use crate::proxy::{Proxy, Role};
 
 /// Time a client has to send a complete request head.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
@@ -30,6 +31,8 @@ const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct Router {
     listener: TcpListener,
     local_addr: SocketAddr,
+    probe: Option<(TcpListener, SocketAddr)>,
+    metrics: Option<(TcpListener, SocketAddr)>,
     proxy: Arc<Proxy>,
     shutdown_grace: Duration,
     read_buffer: usize,
@@ -48,6 +51,8 @@ impl Router {
         let local_addr = listener
             .local_addr()
             .map_err(|source| Error::LocalAddr { source })?;
+        let probe = bind_optional(config.probe_listen).await?;
+        let metrics = bind_optional(config.metrics_listen).await?;
         if matches!(config.auth, Auth::None) {
             tracing::warn!(
                 "authentication is off (--auth none): anyone who can reach {local_addr} can run \
@@ -60,6 +65,8 @@ impl Router {
         Ok(Self {
             listener,
             local_addr,
+            probe,
+            metrics,
             proxy: Arc::new(Proxy::new(&config, index)),
             shutdown_grace: config.shutdown_grace,
             read_buffer,
@@ -71,6 +78,16 @@ impl Router {
         self.local_addr
     }
 
+    /// The address of the probe listener, when there is one.
+    pub fn probe_addr(&self) -> Option<SocketAddr> {
+        self.probe.as_ref().map(|(_, addr)| *addr)
+    }
+
+    /// The address of the metrics listener, when there is one.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().map(|(_, addr)| *addr)
+    }
+
     /// Serves until `shutdown` resolves, then drains: no new connections, in-flight requests
     /// and tunnels get the grace period, what is left is closed. Returns once every connection
     /// task has ended.
@@ -78,6 +95,8 @@ impl Router {
         let Self {
             listener,
             local_addr,
+            probe,
+            metrics,
             proxy,
             shutdown_grace,
             read_buffer,
@@ -86,31 +105,43 @@ impl Router {
             auth = proxy.auth_mode(),
             "sandbox-router listening on {local_addr}"
         );
+        if let Some((_, addr)) = &probe {
+            tracing::info!("probes (/healthz, /readyz) listening on {addr}");
+        }
+        if let Some((_, addr)) = &metrics {
+            tracing::info!("metrics (/metrics) listening on {addr}");
+        }
+        let probe = probe.map(|(listener, _)| listener);
+        let metrics = metrics.map(|(listener, _)| listener);
         let connections = TaskTracker::new();
         let graceful = CancellationToken::new();
         tokio::pin!(shutdown);
         loop {
-            tokio::select! {
+            let (accepted, role) = tokio::select! {
                 () = &mut shutdown => break,
-                accepted = listener.accept() => match accepted {
-                    Ok((stream, peer)) => {
-                        connections.spawn(serve_connection(
-                            stream,
-                            peer,
-                            Arc::clone(&proxy),
-                            read_buffer,
-                            graceful.clone(),
-                        ));
-                    }
-                    Err(error) => {
-                        // Out of file descriptors and the like: back off instead of spinning.
-                        tracing::warn!(%error, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                },
+                accepted = listener.accept() => (accepted, Role::Proxy),
+                accepted = accept(probe.as_ref()) => (accepted, Role::Probes),
+                accepted = accept(metrics.as_ref()) => (accepted, Role::Metrics),
+            };
+            match accepted {
+                Ok((stream, peer)) => {
+                    connections.spawn(serve_connection(
+                        stream,
+                        peer,
+                        role,
+                        Arc::clone(&proxy),
+                        read_buffer,
+                        graceful.clone(),
+                    ));
+                }
+                Err(error) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
             }
         }
-        drop(listener);
+        drop((listener, probe, metrics));
         proxy.draining.store(true, Ordering::Relaxed);
         graceful.cancel();
         connections.close();
@@ -142,9 +173,31 @@ impl Router {
     }
 }
 
+/// Accepts on `listener`, or never when there is none.
+async fn accept(listener: Option<&TcpListener>) -> std::io::Result<(TcpStream, SocketAddr)> {
+    match listener {
+        Some(listener) => listener.accept().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn bind_optional(addr: Option<SocketAddr>) -> Result<Option<(TcpListener, SocketAddr)>> {
+    let Some(addr) = addr else {
+        return Ok(None);
+    };
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| Error::Bind { addr, source })?;
+    let local = listener
+        .local_addr()
+        .map_err(|source| Error::LocalAddr { source })?;
+    Ok(Some((listener, local)))
+}
+
 async fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
+    role: Role,
     proxy: Arc<Proxy>,
     read_buffer: usize,
     graceful: CancellationToken,
@@ -154,7 +207,12 @@ async fn serve_connection(
     let stop = proxy.stop.clone();
     let service = service_fn(move |request| {
         let proxy = Arc::clone(&proxy);
-        async move { Ok::<_, Infallible>(proxy.handle(request, peer).await) }
+        async move {
+            Ok::<_, Infallible>(match role {
+                Role::Proxy => proxy.handle(request, peer).await,
+                Role::Probes | Role::Metrics => proxy.handle_operations(&request, role),
+            })
+        }
     });
     let connection = http1::Builder::new()
         .timer(TokioTimer::new())
