@@ -5,8 +5,13 @@
 #   --target controller  agent-sandbox-controller on distroless (non-root, no shell)
 #   --target router      sandbox-router on distroless (non-root, no shell)
 #   --target runtime     python + sandbox-runtime, USER 1000, WORKDIR /app, port 8888
+#   --target python-runtime-sandbox
+#                        sandbox-runtime in the environment of upstream's python-runtime-sandbox
+#                        image: Python 3.14, libgomp1, pandas, scikit-learn, lightgbm
+#                        (crates/runtime/image/python-runtime-sandbox/README.md)
 #
-# The builder and both bases are Debian 12 (bookworm), so the binaries' glibc matches.
+# The builder and the distroless and runtime bases are Debian 12 (bookworm), so the binaries'
+# glibc matches; python-runtime-sandbox's base is Debian 13, whose newer glibc runs them too.
 
 ARG RUST_VERSION=1.95.0
 
@@ -36,6 +41,26 @@ ENTRYPOINT ["/usr/local/bin/sandbox-router"]
 
 FROM docker.io/library/python:3.13-slim-bookworm AS runtime
 RUN groupadd --gid 1000 sandbox \
+    && useradd --uid 1000 --gid 1000 --create-home --home-dir /home/sandbox --shell /bin/sh sandbox \
+    && mkdir -p /app \
+    && chown 1000:1000 /app
+COPY --from=build /out/sandbox-runtime /usr/local/bin/sandbox-runtime
+ENV SANDBOX_LISTEN=0.0.0.0:8888 \
+    SANDBOX_BASE_DIR=/app \
+    HOME=/home/sandbox
+USER 1000:1000
+WORKDIR /app
+EXPOSE 8888
+ENTRYPOINT ["/usr/local/bin/sandbox-runtime"]
+
+FROM docker.io/library/python:3.14-slim AS python-runtime-sandbox
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends libgomp1 \
+    && rm -rf /var/lib/apt/lists/*
+COPY crates/runtime/image/python-runtime-sandbox/requirements.txt /tmp/requirements.txt
+RUN pip install --no-cache-dir --require-hashes -r /tmp/requirements.txt \
+    && rm /tmp/requirements.txt \
+    && groupadd --gid 1000 sandbox \
     && useradd --uid 1000 --gid 1000 --create-home --home-dir /home/sandbox --shell /bin/sh sandbox \
     && mkdir -p /app \
     && chown 1000:1000 /app

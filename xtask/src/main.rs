@@ -61,9 +61,14 @@ enum Command {
     CheckManifests,
     /// Build the controller, router and runtime images from the Dockerfile (needs Docker).
     #[command(
-        after_help = "Examples:\n  cargo xtask images                                   # agent-sandbox/*:dev, for kind\n  cargo xtask images --registry ghcr.io/agent-sandbox-rs --tag v0.1.0 --push --pin-release"
+        after_help = "Examples:\n  cargo xtask images                                   # agent-sandbox/*:dev, for kind\n  cargo xtask images --registry ghcr.io/agent-sandbox-rs --tag v0.1.0 --push --pin-release\n  cargo xtask images --check-requirements              # python-runtime-sandbox's pins install (no Docker)"
     )]
     Images {
+        /// Build nothing: check that the Python libraries of the python-runtime-sandbox image
+        /// install as pinned (pip download --require-hashes for CPython 3.14, x86_64 and
+        /// aarch64), without Docker.
+        #[arg(long, conflicts_with_all = ["registry", "push", "pin_release"])]
+        check_requirements: bool,
         /// Tag of every image.
         #[arg(long, default_value = images::DEV_TAG)]
         tag: String,
@@ -179,6 +184,16 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Images {
+            check_requirements: true,
+            ..
+        } => {
+            for line in images::check_requirements(&root)? {
+                println!("ok  {line}");
+            }
+            Ok(())
+        }
+        Command::Images {
+            check_requirements: false,
             tag,
             registry,
             push,
