@@ -36,6 +36,27 @@ pub mod controller_flags {
     pub const WARM_POOL_MAX_CREATE_RATE: &str = "sandbox-warm-pool-max-create-rate";
     /// Environment fallback of [`WARM_POOL_MAX_CREATE_RATE`].
     pub const WARM_POOL_MAX_CREATE_RATE_ENV: &str = "SANDBOX_CONTROLLER_WARM_POOL_MAX_CREATE_RATE";
+    /// Most pool members the controller creates per second in one pool (upstream's flag; 0:
+    /// unpaced).
+    pub const WARM_POOL_MAX_REFILL_RATE: &str = "sandbox-warm-pool-max-refill-rate";
+    /// Environment fallback of [`WARM_POOL_MAX_REFILL_RATE`].
+    pub const WARM_POOL_MAX_REFILL_RATE_ENV: &str = "SANDBOX_CONTROLLER_WARM_POOL_MAX_REFILL_RATE";
+    /// Client-side API requests per second (upstream's flag; negative: no limit).
+    pub const KUBE_API_QPS: &str = "kube-api-qps";
+    /// Environment fallback of [`KUBE_API_QPS`].
+    pub const KUBE_API_QPS_ENV: &str = "SANDBOX_CONTROLLER_KUBE_API_QPS";
+    /// Client-side API request burst (upstream's flag; at least 1).
+    pub const KUBE_API_BURST: &str = "kube-api-burst";
+    /// Environment fallback of [`KUBE_API_BURST`].
+    pub const KUBE_API_BURST_ENV: &str = "SANDBOX_CONTROLLER_KUBE_API_BURST";
+    /// Upstream's switch of its claim, pool and template controllers (ours always run them).
+    pub const EXTENSIONS: &str = "extensions";
+    /// Upstream's switch that keeps the claim observability annotations off the API server.
+    pub const DISABLE_CLAIM_OBSERVABILITY_ANNOTATIONS: &str =
+        "disable-claim-observability-annotations";
+    /// Environment fallback of [`DISABLE_CLAIM_OBSERVABILITY_ANNOTATIONS`].
+    pub const DISABLE_CLAIM_OBSERVABILITY_ANNOTATIONS_ENV: &str =
+        "SANDBOX_CONTROLLER_DISABLE_CLAIM_OBSERVABILITY_ANNOTATIONS";
 }
 
 /// Name of the router Service. Read by the SDK's port-forward discovery through the
