@@ -15,7 +15,7 @@ use kube::{Client, Resource, ResourceExt};
 use crate::cache::Caches;
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::rate::TokenBucket;
+use crate::rate::PoolPacing;
 
 /// How long in-memory expectations are trusted before the cache is believed instead.
 const EXPECTATION_TTL: Duration = Duration::from_secs(30);
@@ -39,8 +39,8 @@ pub struct Context {
     claims_seen: Mutex<HashMap<String, Instant>>,
     /// Statuses written recently (by object UID) that the cache may not show yet.
     written: Mutex<HashMap<String, (serde_json::Value, Instant)>>,
-    /// The pace of pool member creation, over all pools.
-    creations: Mutex<TokenBucket>,
+    /// The pace of pool member creation: over all pools, per pool, after members leave.
+    creations: Mutex<PoolPacing>,
 }
 
 impl std::fmt::Debug for Context {
@@ -62,7 +62,12 @@ impl Context {
     /// Builds the context.
     pub fn new(client: Client, config: Config, caches: Caches, metrics: Metrics) -> Self {
         Self {
-            creations: Mutex::new(TokenBucket::new(config.create_rate, Instant::now())),
+            creations: Mutex::new(PoolPacing::new(
+                config.create_rate,
+                config.refill_rate,
+                config.replenish_delay,
+                Instant::now(),
+            )),
             recorder: Recorder::new(client.clone(), reporter()),
             client,
             config,
@@ -107,7 +112,29 @@ impl Context {
 
     /// Takes a token for one pool member creation, or says how long until one is there.
     pub fn take_creation_token(&self) -> Result<(), Duration> {
-        lock(&self.creations).take(Instant::now())
+        lock(&self.creations).take_creation(Instant::now())
+    }
+
+    /// Grants up to `wanted` member creations to the pool `pool_key` under the per-pool refill
+    /// rate: how many, and when short, how long until the next.
+    pub fn grant_refills(&self, pool_key: &str, wanted: usize) -> (usize, Option<Duration>) {
+        lock(&self.creations).grant_refills(pool_key, wanted, Instant::now())
+    }
+
+    /// Records the pool's member count (present and pending) and whether it lacks members, and
+    /// says how long its replacements must still wait after members left it.
+    pub fn replenish_hold(
+        &self,
+        pool_key: &str,
+        members: usize,
+        lacking: bool,
+    ) -> Option<Duration> {
+        lock(&self.creations).replenish_hold(pool_key, members, lacking, Instant::now())
+    }
+
+    /// Forgets the pacing state of a pool that is going away.
+    pub fn forget_pool_pacing(&self, pool_key: &str) {
+        lock(&self.creations).forget(pool_key);
     }
 
     /// Records that `name` was created for `pool_key`.

@@ -34,7 +34,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, Resource, ResourceExt};
 use tokio::task::JoinSet;
 
-pub use config::{Args, Config};
+pub use config::{Args, Config, Startup};
 pub use context::Context;
 pub use error::{Error, ErrorClass, Result};
 pub use reconcile::Reconciler;
@@ -171,7 +171,7 @@ pub async fn run(
             shutdown.clone(),
         ));
     }
-    let (sandbox_workers, claim_workers, pool_workers) = config.concurrency;
+    let workers = config.workers;
     let ctx = Arc::new(Context::new(
         client.clone(),
         config,
@@ -195,7 +195,7 @@ pub async fn run(
     let sandboxes = Controller::for_stream(subs.sandboxes_for_sandbox, caches.sandboxes.clone())
         .owns_stream(subs.pods)
         .owns_stream(subs.services)
-        .with_config(controller::Config::default().concurrency(sandbox_workers))
+        .with_config(controller::Config::default().concurrency(workers.sandbox))
         .graceful_shutdown_on(shutdown.clone())
         .run(
             bounded(Reconciler::Sandbox, reconcile::sandbox::reconcile),
@@ -207,7 +207,7 @@ pub async fn run(
 
     let templates = Controller::for_stream(subs.templates_for_template, caches.templates.clone())
         .owns_stream(subs.policies)
-        .with_config(controller::Config::default().concurrency(2))
+        .with_config(controller::Config::default().concurrency(workers.template))
         .graceful_shutdown_on(shutdown.clone())
         .run(
             bounded(Reconciler::Template, reconcile::template::reconcile),
@@ -242,7 +242,7 @@ pub async fn run(
             }
             Some(pool)
         })
-        .with_config(controller::Config::default().concurrency(pool_workers))
+        .with_config(controller::Config::default().concurrency(workers.warm_pool))
         .graceful_shutdown_on(shutdown.clone())
         .run(
             bounded(Reconciler::WarmPool, reconcile::warm_pool::reconcile),
@@ -302,7 +302,7 @@ pub async fn run(
                     .collect::<Vec<_>>()
             },
         )
-        .with_config(controller::Config::default().concurrency(claim_workers))
+        .with_config(controller::Config::default().concurrency(workers.claim))
         .graceful_shutdown_on(shutdown.clone())
         .run(
             bounded(Reconciler::Claim, reconcile::claim::reconcile),

@@ -1,6 +1,7 @@
 //! The SandboxWarmPool reconciler: keeps `replicas` unclaimed members built from the pool's
 //! template. It reads the caches, asks [`crate::decide::warm_pool::plan`] for the pass's writes
-//! and carries them out, the creations paced by the controller-wide rate.
+//! and carries them out, the creations paced by the controller-wide rate, the pool's refill rate
+//! and its replenish delay ([`crate::rate::PoolPacing`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,6 +23,7 @@ use crate::error::{Result, is_conflict, is_not_found, kube_err};
 pub async fn reconcile(pool: Arc<SandboxWarmPool>, ctx: Arc<Context>) -> Result<Action> {
     tracing::debug!(pool = %key(pool.as_ref()), rv = ?pool.metadata.resource_version, "reconcile");
     if pool.metadata.deletion_timestamp.is_some() {
+        ctx.forget_pool_pacing(&key(pool.as_ref()));
         return Ok(Action::await_change());
     }
     let namespace = pool.namespace().unwrap_or_default();
@@ -64,9 +66,38 @@ pub async fn reconcile(pool: Arc<SandboxWarmPool>, ctx: Arc<Context>) -> Result<
         dns: ctx.config.dns.clone(),
         safe_to_evict: ctx.config.warm_pool_safe_to_evict,
     };
-    let plan = decide::plan(&pool, &observed, &settings, &member_settings);
+    let mut plan = decide::plan(&pool, &observed, &settings, &member_settings);
+    let mut recheck = plan.recheck_after;
+    let mut sooner = |after: Duration| {
+        recheck = Some(recheck.map_or(after, |current| current.min(after)));
+    };
+    if plan.not_progressing.is_some() {
+        // Held unschedulable members: look again now and then, whatever the watches say.
+        sooner(ctx.config.unschedulable_recheck);
+    }
+    let members = labelled
+        .iter()
+        .filter(|sandbox| sandbox.metadata.deletion_timestamp.is_none())
+        .count()
+        + pending;
+    if let Some(hold) = ctx.replenish_hold(&pool_key, members, plan.create.is_some()) {
+        tracing::debug!(pool = %pool_key, ?hold, "members left the pool; replacing them later");
+        plan.create = None;
+        sooner(hold);
+    } else if let Some((_, count)) = plan.create.as_mut() {
+        let (granted, wait) = ctx.grant_refills(&pool_key, *count);
+        if let Some(wait) = wait {
+            tracing::debug!(pool = %pool_key, wanted = *count, granted, "refill paced");
+            sooner(wait);
+        }
+        if granted == 0 {
+            plan.create = None;
+        } else {
+            *count = granted;
+        }
+    }
     write(&pool, &plan, &ctx).await?;
-    Ok(match plan.recheck_after {
+    Ok(match recheck {
         Some(after) => Action::requeue(after.saturating_add(Duration::from_millis(100))),
         // A template that does not exist yet: its creation wakes us through the template watch.
         None => Action::await_change(),
