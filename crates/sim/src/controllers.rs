@@ -12,8 +12,8 @@ use serde_json::{Value, json};
 use tokio::sync::broadcast::{self, error::RecvError};
 
 use crate::meta;
-use crate::ops::{ApiObjects, DeleteOptions};
-use crate::resources::StorageKey;
+use crate::ops::{ApiObjects, DeleteOptions, NAMESPACE_FINALIZER, should_remove};
+use crate::resources::{Builtin, StorageKey};
 use crate::selector::LabelSelector;
 use crate::store::{Change, EventType};
 
@@ -161,6 +161,78 @@ pub(crate) fn desired_slice(service: &Value, pods: &[Arc<Value>]) -> Option<Valu
     }))
 }
 
+/// The conditions the namespace controller keeps on a terminating namespace, given the
+/// instances left per `plural.group` and the finalizers they carry (without times).
+pub(crate) fn namespace_conditions(
+    remaining: &BTreeMap<String, usize>,
+    finalizers: &BTreeMap<String, usize>,
+) -> Vec<Value> {
+    let condition = |type_: &str, status: bool, reason: &str, message: String| {
+        json!({"type": type_, "status": if status { "True" } else { "False" },
+               "reason": reason, "message": message})
+    };
+    let listed = |counts: &BTreeMap<String, usize>, what: &str| {
+        counts
+            .iter()
+            .map(|(name, count)| format!("{name} {what} {count} resource instances"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    vec![
+        condition(
+            "NamespaceDeletionDiscoveryFailure",
+            false,
+            "ResourcesDiscovered",
+            "All resources successfully discovered".into(),
+        ),
+        condition(
+            "NamespaceDeletionGroupVersionParsingFailure",
+            false,
+            "ParsedGroupVersions",
+            "All legacy kube types successfully parsed".into(),
+        ),
+        condition(
+            "NamespaceDeletionContentFailure",
+            false,
+            "ContentDeleted",
+            "All content successfully deleted, may be waiting on finalization".into(),
+        ),
+        if remaining.is_empty() {
+            condition(
+                "NamespaceContentRemaining",
+                false,
+                "ContentRemoved",
+                "All content successfully removed".into(),
+            )
+        } else {
+            condition(
+                "NamespaceContentRemaining",
+                true,
+                "SomeResourcesRemain",
+                format!("Some resources are remaining: {}", listed(remaining, "has")),
+            )
+        },
+        if finalizers.is_empty() {
+            condition(
+                "NamespaceFinalizersRemaining",
+                false,
+                "ContentHasNoFinalizers",
+                "All content-preserving finalizers finished".into(),
+            )
+        } else {
+            condition(
+                "NamespaceFinalizersRemaining",
+                true,
+                "SomeFinalizersRemain",
+                format!(
+                    "Some content in the namespace has finalizers remaining: {}",
+                    listed(finalizers, "in")
+                ),
+            )
+        },
+    ]
+}
+
 /// Whether two slices differ in what clients read.
 fn slice_differs(current: &Value, desired: &Value) -> bool {
     current.get("endpoints") != desired.get("endpoints")
@@ -237,9 +309,12 @@ impl Controllers {
         }
     }
 
-    /// Deletes the content of a terminating namespace, then the namespace itself.
+    /// Deletes the content of a terminating namespace, reports what remains in its conditions,
+    /// and, once nothing is left, removes the `kubernetes` finalizer (through which the
+    /// namespace goes when no other finalizer holds it), as the namespace controller does.
     fn finalize_namespace(&self, namespace: &str) {
-        let mut remaining = 0usize;
+        let mut remaining = BTreeMap::<String, usize>::new();
+        let mut finalizers = BTreeMap::<String, usize>::new();
         for key in self.objects.store.keys() {
             if key == namespaces_key() {
                 continue;
@@ -248,12 +323,15 @@ impl Controllers {
             if items.is_empty() {
                 continue;
             }
-            remaining += items.len();
             let Some(info) = self.objects.info_for_storage(&key) else {
                 continue;
             };
             if !info.namespaced {
                 continue;
+            }
+            remaining.insert(format!("{}.{}", info.plural, info.group), items.len());
+            for finalizer in items.iter().flat_map(|item| meta::finalizers(item)) {
+                *finalizers.entry(finalizer).or_default() += 1;
             }
             for item in items.iter().filter(|item| !meta::is_deleting(item)) {
                 let _ = self.objects.delete(
@@ -264,15 +342,42 @@ impl Controllers {
                 );
             }
         }
-        if remaining == 0 {
-            self.objects
-                .mutate(&namespaces_key(), "", namespace, |object| {
-                    match object.get_mut("spec").and_then(Value::as_object_mut) {
-                        Some(spec) => spec.remove("finalizers").is_some(),
-                        None => false,
-                    }
-                });
-        }
+        let conditions = namespace_conditions(&remaining, &finalizers);
+        self.objects
+            .mutate(&namespaces_key(), "", namespace, |object| {
+                let before = object.clone();
+                let old = object
+                    .pointer("/status/conditions")
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .unwrap_or_default();
+                let now = meta::now();
+                let merged: Vec<Value> = conditions
+                    .iter()
+                    .map(|condition| {
+                        let mut condition = condition.clone();
+                        let same = old.iter().find(|c| c.get("type") == condition.get("type"));
+                        let time = match same {
+                            Some(c) if c.get("status") == condition.get("status") => c
+                                .get("lastTransitionTime")
+                                .cloned()
+                                .unwrap_or_else(|| json!(now)),
+                            _ => json!(now),
+                        };
+                        condition["lastTransitionTime"] = time;
+                        condition
+                    })
+                    .collect();
+                if let Some(status) = object.get_mut("status").and_then(Value::as_object_mut) {
+                    status.insert("conditions".into(), json!(merged));
+                }
+                if remaining.is_empty()
+                    && let Some(Value::Array(list)) = object.pointer_mut("/spec/finalizers")
+                {
+                    list.retain(|f| f != NAMESPACE_FINALIZER);
+                }
+                *object != before || should_remove(Builtin::Namespace, object)
+            });
     }
 
     fn on_claim(&self, claim: &Value) {

@@ -8,7 +8,7 @@
 //! - [`api`]: HTTP routing, discovery, Table output, watches; [`logs`] and [`portforward`]:
 //!   the pod subresources the kubelet serves (called in process); [`ops`] and [`store`]: object
 //!   semantics, storage, watch history; [`admission`], [`apply`], [`patch`], [`selector`],
-//!   [`jsonpath`], [`events`]: the pure pieces they use;
+//!   [`jsonpath`], [`events`], [`protobuf`]: the pure pieces they use;
 //! - [`scheduler`]: binding pods to the node; [`gc`]: ownerReference garbage collection;
 //!   [`controllers`]: EndpointSlices, namespace lifecycle, PVC binding.
 //!
@@ -33,6 +33,7 @@ mod metrics;
 mod ops;
 mod patch;
 mod portforward;
+mod protobuf;
 mod resources;
 mod scheduler;
 mod selector;

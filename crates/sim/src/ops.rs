@@ -27,6 +27,8 @@ pub(crate) enum Subresource {
     Main,
     Status,
     Scale,
+    /// A Namespace's `finalize`: only `spec.finalizers` changes.
+    Finalize,
 }
 
 impl Subresource {
@@ -35,6 +37,7 @@ impl Subresource {
             Self::Main => "",
             Self::Status => "status",
             Self::Scale => "scale",
+            Self::Finalize => "finalize",
         }
     }
 }
@@ -91,6 +94,8 @@ pub(crate) struct Written {
 pub(crate) const FOREGROUND: &str = "foregroundDeletion";
 /// Finalizer the API server adds for orphaning deletion.
 pub(crate) const ORPHAN: &str = "orphan";
+/// The namespace controller's entry in a Namespace's `spec.finalizers`.
+pub(crate) const NAMESPACE_FINALIZER: &str = "kubernetes";
 
 /// The API's objects: the store plus the semantics above it (what every endpoint and every
 /// sim controller reads and writes through).
@@ -469,6 +474,24 @@ impl ApiObjects {
                 }
             }
             Builtin::CustomResourceDefinition => self.prepare_crd(object)?,
+            Builtin::Namespace => {
+                // As the API server on create: the namespace controller's finalizer, whatever
+                // the request said, and a fresh status.
+                let finalizers = object
+                    .pointer("/spec/finalizers")
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .unwrap_or_default();
+                let mut finalizers: Vec<Value> = finalizers;
+                if !finalizers.iter().any(|f| f == NAMESPACE_FINALIZER) {
+                    finalizers.push(json!(NAMESPACE_FINALIZER));
+                }
+                if let Some(map) = object.as_object_mut() {
+                    let spec = map.entry("spec").or_insert_with(|| json!({}));
+                    spec["finalizers"] = json!(finalizers);
+                    map.insert("status".into(), json!({"phase": "Active"}));
+                }
+            }
             _ => {}
         }
         Ok(())
@@ -822,8 +845,31 @@ impl ApiObjects {
                 }
                 object
             }
+            Subresource::Finalize => {
+                let mut object = current.clone();
+                let finalizers = desired
+                    .pointer("/spec/finalizers")
+                    .cloned()
+                    .unwrap_or(json!([]));
+                if let Some(map) = object.as_object_mut() {
+                    let spec = map.entry("spec").or_insert_with(|| json!({}));
+                    if let Some(spec) = spec.as_object_mut() {
+                        spec.insert("finalizers".into(), finalizers);
+                    }
+                }
+                object
+            }
             Subresource::Main | Subresource::Scale => {
                 let mut object = desired;
+                // A Namespace's finalizers change only through `finalize`.
+                if info.builtin == Builtin::Namespace
+                    && let Some(spec) = object.get_mut("spec").and_then(Value::as_object_mut)
+                {
+                    match current.pointer("/spec/finalizers") {
+                        Some(finalizers) => spec.insert("finalizers".into(), finalizers.clone()),
+                        None => spec.remove("finalizers"),
+                    };
+                }
                 if info.status
                     && let Some(map) = object.as_object_mut()
                 {
@@ -874,7 +920,7 @@ impl ApiObjects {
         }
         let admitted = admission::admit(info, desired, options.validation)?;
         let mut new = admitted.object;
-        if subresource != Subresource::Status {
+        if !matches!(subresource, Subresource::Status | Subresource::Finalize) {
             admission::validate_update(info, current, &new)?;
         }
         if info.builtin == Builtin::CustomResourceDefinition {

@@ -117,6 +117,7 @@ impl ResourceInfo {
     pub(crate) fn extra_subresources(&self) -> &'static [&'static str] {
         match self.builtin {
             Builtin::Pod => &["log", "portforward"],
+            Builtin::Namespace => &["finalize"],
             _ => &[],
         }
     }

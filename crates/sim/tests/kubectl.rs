@@ -465,3 +465,148 @@ async fn kubectl_port_forward_over_spdy_carries_bytes_both_ways() {
         "kubectl port-forward reported: {stderr}"
     );
 }
+
+#[tokio::test]
+async fn kubectl_creates_and_deletes_a_namespace_and_its_content() {
+    require_kubectl!();
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let kubectl = Kubectl::new(&sim);
+    // kubectl's generators send these bodies as protobuf.
+    assert_eq!(
+        kubectl.ok(&["create", "namespace", "team-a"]).await.trim(),
+        "namespace/team-a created"
+    );
+    kubectl
+        .ok(&[
+            "create",
+            "configmap",
+            "settings",
+            "-n",
+            "team-a",
+            "--from-literal=mode=fast",
+        ])
+        .await;
+    kubectl
+        .ok(&[
+            "create",
+            "secret",
+            "generic",
+            "token",
+            "-n",
+            "team-a",
+            "--from-literal=value=s3cr3t",
+        ])
+        .await;
+    kubectl
+        .ok(&["create", "serviceaccount", "bot", "-n", "team-a"])
+        .await;
+    let created = kubectl
+        .ok(&[
+            "get",
+            "namespace",
+            "team-a",
+            "-o",
+            "jsonpath={.spec.finalizers} {.status.phase}",
+        ])
+        .await;
+    assert_eq!(created, r#"["kubernetes"] Active"#);
+    assert_eq!(
+        kubectl
+            .ok(&[
+                "get",
+                "configmap",
+                "settings",
+                "-n",
+                "team-a",
+                "-o",
+                "jsonpath={.data.mode}"
+            ])
+            .await,
+        "fast"
+    );
+    assert_eq!(
+        kubectl
+            .ok(&[
+                "get",
+                "secret",
+                "token",
+                "-n",
+                "team-a",
+                "-o",
+                "jsonpath={.data.value}"
+            ])
+            .await,
+        "czNjcjN0"
+    );
+    // A finalizer on the content holds the namespace in Terminating, reported as the namespace
+    // controller reports it.
+    kubectl
+        .ok(&[
+            "patch",
+            "configmap",
+            "settings",
+            "-n",
+            "team-a",
+            "--type=merge",
+            "-p",
+            r#"{"metadata":{"finalizers":["example.com/hold"]}}"#,
+        ])
+        .await;
+    kubectl
+        .ok(&["delete", "namespace", "team-a", "--wait=false"])
+        .await;
+    let mut terminating = String::new();
+    for _ in 0..100 {
+        terminating = kubectl
+            .ok(&[
+                "get",
+                "namespace",
+                "team-a",
+                "-o",
+                r#"jsonpath={.status.phase} {.status.conditions[?(@.type=="NamespaceContentRemaining")].message} {.status.conditions[?(@.type=="NamespaceFinalizersRemaining")].message}"#,
+            ])
+            .await;
+        if terminating.contains("configmaps. has 1") && !terminating.contains("secrets") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        terminating,
+        "Terminating Some resources are remaining: configmaps. has 1 resource instances \
+         Some content in the namespace has finalizers remaining: example.com/hold in 1 resource instances"
+    );
+    let refused = kubectl
+        .run(&["create", "configmap", "late", "-n", "team-a"])
+        .await;
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("because it is being terminated"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    kubectl
+        .ok(&[
+            "patch",
+            "configmap",
+            "settings",
+            "-n",
+            "team-a",
+            "--type=json",
+            "-p",
+            r#"[{"op":"remove","path":"/metadata/finalizers"}]"#,
+        ])
+        .await;
+    kubectl
+        .ok(&["wait", "--for=delete", "namespace/team-a", "--timeout=60s"])
+        .await;
+    let gone = kubectl.run(&["get", "namespace", "team-a"]).await;
+    assert!(String::from_utf8_lossy(&gone.stderr).contains("NotFound"));
+    // A plain `kubectl delete namespace` waits until the namespace is gone.
+    kubectl.ok(&["create", "namespace", "team-b"]).await;
+    kubectl
+        .ok(&["create", "configmap", "c", "-n", "team-b"])
+        .await;
+    kubectl.ok(&["delete", "namespace", "team-b"]).await;
+    let listed = kubectl.ok(&["get", "namespaces", "-o", "name"]).await;
+    assert!(!listed.contains("team-"), "{listed}");
+}

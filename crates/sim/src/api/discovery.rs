@@ -117,6 +117,7 @@ pub(crate) fn resources(registry: &Registry, group: &str, version: &str) -> Opti
         for sub in info.extra_subresources() {
             let (kind, verbs) = match *sub {
                 "log" => ("Pod", vec!["get"]),
+                "finalize" => ("Namespace", vec!["update"]),
                 _ => ("PodPortForwardOptions", vec!["create", "get"]),
             };
             resources.push(json!({

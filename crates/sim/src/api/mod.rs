@@ -232,6 +232,19 @@ fn write_options(headers: &HeaderMap, query: &Query, apply: bool) -> WriteOption
     }
 }
 
+/// The object in a create or update body: JSON, YAML, or (from client-go's typed clients) the
+/// protobuf encoding.
+fn parse_object_body(headers: &HeaderMap, bytes: &[u8]) -> ApiResult<Value> {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    if crate::protobuf::is_protobuf(content_type) {
+        return crate::protobuf::decode(bytes);
+    }
+    parse_body(bytes, true)
+}
+
 fn parse_body(bytes: &[u8], yaml_allowed: bool) -> ApiResult<Value> {
     match serde_json::from_slice::<Value>(bytes) {
         Ok(value) => Ok(value),
@@ -262,6 +275,7 @@ fn subresource(info: &ResourceInfo, sub: Option<&str>) -> ApiResult<Subresource>
         None => Ok(Subresource::Main),
         Some("status") if info.status => Ok(Subresource::Status),
         Some("scale") if info.scale.is_some() => Ok(Subresource::Scale),
+        Some("finalize") if info.builtin == Builtin::Namespace => Ok(Subresource::Finalize),
         Some(other) => Err(ApiError::no_route(&format!("{}/{other}", info.plural))),
     }
 }
@@ -338,7 +352,7 @@ async fn resource(
         Method::PUT => {
             count("update");
             let body = read_body(request).await?;
-            let value = parse_body(&body, true)?;
+            let value = parse_object_body(&headers, &body)?;
             let options = write_options(&headers, &query, false);
             let written =
                 state
@@ -570,7 +584,7 @@ async fn collection(
                 return Err(ApiError::no_route(request.uri().path()));
             };
             let body = read_body(request).await?;
-            let value = parse_body(&body, true)?;
+            let value = parse_object_body(headers, &body)?;
             let options = write_options(headers, &query, false);
             let written = state.objects.create(info, &namespace, value, &options)?;
             Ok(json_response(
