@@ -889,7 +889,8 @@ mod tests {
         #[test]
         fn every_bound_field_is_checked() {
             let claims = Claims::for_target(&target(), EXP).unwrap();
-            let cases: [(&str, fn(&mut Target)); 7] = [
+            type Change = fn(&mut Target);
+            let cases: [(&str, Change); 7] = [
                 ("namespace", |t| t.namespace = "other".to_owned()),
                 ("name", |t| t.name = "other".to_owned()),
                 ("uid", |t| t.uid = "u-2".to_owned()),

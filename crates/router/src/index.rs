@@ -13,6 +13,13 @@
 //!   controlled by the Sandbox's UID, is not terminating and has an IP.
 //!
 //! The allowed ports are 8888 and those the pod's containers declare.
+//!
+//! **Pods only.** When the router may not read Sandboxes (upstream's router RBAC grants pods
+//! only), the watcher switches the index to [`Index::set_pods_only`]: a sandbox is then routable
+//! when a pod carrying its name hash is controlled by a Sandbox of that name, is not an unclaimed
+//! warm-pool member (no `agents.x-k8s.io/warm-pool-sandbox` label), is `Ready`, not terminating
+//! and has an IP. What this cannot see: the Sandbox's own `Ready` condition and its `pod-name`
+//! annotation (a pod named otherwise is found through its controller reference instead).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -51,6 +58,12 @@ enum Readiness {
 pub(crate) struct PodEntry {
     /// UID of the controlling owner, when that owner is a Sandbox.
     controller_uid: Option<String>,
+    /// Name of the controlling owner, when that owner is a Sandbox.
+    controller_name: Option<String>,
+    /// Value of the warm-pool label (an unclaimed pool member's pod).
+    warm_pool: Option<String>,
+    /// The pod's `Ready` condition is `True`.
+    ready: bool,
     /// Value of the name-hash label.
     name_hash: Option<String>,
     ips: Vec<IpAddr>,
@@ -156,6 +169,7 @@ pub struct Index {
     pods: HashMap<String, HashMap<String, PodEntry>>,
     sandboxes_synced: bool,
     pods_synced: bool,
+    pods_only: bool,
 }
 
 impl Index {
@@ -198,6 +212,23 @@ impl Index {
             self.insert_sandbox(namespace, name, entry);
         }
         self.sandboxes_synced = true;
+        self.pods_only = false;
+    }
+
+    /// Routes from pods alone (on) because Sandboxes cannot be read, or from Sandboxes and pods
+    /// again (off; a complete list of Sandboxes also turns it off). Turning it on forgets the
+    /// Sandboxes and counts them as listed.
+    pub fn set_pods_only(&mut self, on: bool) {
+        self.pods_only = on;
+        if on {
+            self.sandboxes.clear();
+            self.sandboxes_synced = true;
+        }
+    }
+
+    /// Whether the index routes from pods alone.
+    pub fn is_pods_only(&self) -> bool {
+        self.pods_only
     }
 
     /// Adds or replaces a Pod.
@@ -254,6 +285,9 @@ impl Index {
 
     /// Where sandbox `namespace/name` can be reached, or why it cannot.
     pub fn resolve(&self, namespace: &str, name: &str) -> Result<Backend, Unroutable> {
+        if self.pods_only {
+            return self.resolve_from_pods(namespace, name);
+        }
         let Some(sandbox) = self.sandboxes.get(namespace).and_then(|m| m.get(name)) else {
             return Err(if self.is_synced() {
                 Unroutable::NotFound
@@ -302,16 +336,67 @@ impl Index {
                 pod: pod_name.to_owned(),
             });
         }
-        let mut ports = pod.ports.clone();
-        if let Err(at) = ports.binary_search(&RUNTIME_PORT) {
-            ports.insert(at, RUNTIME_PORT);
+        Ok(backend(sandbox.uid.clone(), pod_name, pod))
+    }
+
+    /// [`Self::resolve`] without Sandboxes (see the module docs).
+    fn resolve_from_pods(&self, namespace: &str, name: &str) -> Result<Backend, Unroutable> {
+        let controlled = |pod: &PodEntry| pod.controller_name.as_deref() == Some(name);
+        let pods = self.pods.get(namespace);
+        let found = pods
+            .and_then(|pods| pods.get_key_value(name))
+            .filter(|(_, pod)| controlled(pod))
+            .or_else(|| pods.and_then(|pods| pods.iter().find(|(_, pod)| controlled(pod))));
+        let Some((pod_name, pod)) = found else {
+            return Err(if self.pods_synced {
+                Unroutable::NotFound
+            } else {
+                Unroutable::NotSynced
+            });
+        };
+        let (Some(uid), true) = (
+            pod.controller_uid.as_ref(),
+            pod.name_hash.as_deref() == Some(name_hash(name).as_str()),
+        ) else {
+            return Err(Unroutable::PodNotControlled {
+                pod: pod_name.clone(),
+            });
+        };
+        if let Some(pool) = &pod.warm_pool {
+            return Err(Unroutable::WarmPoolMember {
+                pool: format!("with name hash {pool}"),
+            });
         }
-        Ok(Backend {
-            uid: sandbox.uid.clone(),
-            pod: pod_name.to_owned(),
-            ips: pod.ips.clone(),
-            ports,
-        })
+        if pod.terminating {
+            return Err(Unroutable::PodTerminating {
+                pod: pod_name.clone(),
+            });
+        }
+        if !pod.ready {
+            return Err(Unroutable::NotReady {
+                reason: "PodNotReady".to_owned(),
+                message: format!("pod {pod_name} is not Ready"),
+            });
+        }
+        if pod.ips.is_empty() {
+            return Err(Unroutable::NoPodIp {
+                pod: pod_name.clone(),
+            });
+        }
+        Ok(backend(uid.clone(), pod_name, pod))
+    }
+}
+
+fn backend(uid: String, pod_name: &str, pod: &PodEntry) -> Backend {
+    let mut ports = pod.ports.clone();
+    if let Err(at) = ports.binary_search(&RUNTIME_PORT) {
+        ports.insert(at, RUNTIME_PORT);
+    }
+    Backend {
+        uid,
+        pod: pod_name.to_owned(),
+        ips: pod.ips.clone(),
+        ports,
     }
 }
 
@@ -396,16 +481,24 @@ fn declared_ports<'a>(containers: impl IntoIterator<Item = &'a Container>) -> Ve
 /// The summary of a Pod; `None` for an object without namespace or name.
 pub(crate) fn pod_entry(pod: &Pod) -> Option<(String, String, PodEntry)> {
     let (namespace, name) = namespace_and_name(&pod.metadata)?;
-    let controller_uid = controller(&pod.metadata)
-        .filter(|owner| owner.kind == SANDBOX_KIND)
-        .map(|owner| owner.uid.clone());
-    let name_hash = pod
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(labels::SANDBOX_NAME_HASH))
-        .cloned();
+    let sandbox_owner = controller(&pod.metadata).filter(|owner| owner.kind == SANDBOX_KIND);
+    let controller_uid = sandbox_owner.map(|owner| owner.uid.clone());
+    let controller_name = sandbox_owner.map(|owner| owner.name.clone());
+    let label = |key: &str| {
+        pod.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(key))
+            .cloned()
+    };
+    let name_hash = label(labels::SANDBOX_NAME_HASH);
+    let warm_pool = label(labels::WARM_POOL_SANDBOX);
     let status = pod.status.as_ref();
+    let ready = status
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
     let mut ips: Vec<IpAddr> = status
         .and_then(|s| s.pod_ips.as_ref())
         .into_iter()
@@ -441,6 +534,9 @@ pub(crate) fn pod_entry(pod: &Pod) -> Option<(String, String, PodEntry)> {
         name,
         PodEntry {
             controller_uid,
+            controller_name,
+            warm_pool,
+            ready,
             name_hash,
             ips,
             ports,
@@ -808,6 +904,87 @@ mod tests {
             index.resolve("default", "box").unwrap().ips,
             vec!["10.0.0.9".parse::<IpAddr>().unwrap()]
         );
+    }
+
+    #[test]
+    fn pods_only_routes_from_pods_alone() {
+        let mut index = Index::new();
+        index.set_pods_only(true);
+        index.apply_sandbox(&sandbox("ignored"));
+        assert_eq!(index.resolve("default", "box"), Err(Unroutable::NotSynced));
+        index.reset_pods([]);
+        assert!(index.is_synced());
+        assert_eq!(index.resolve("default", "box"), Err(Unroutable::NotFound));
+
+        let sandbox = sandbox("box");
+        let mut pod = pod_of(&sandbox, "10.0.0.5");
+        index.apply_pod(&pod);
+        assert_eq!(
+            index.resolve("default", "box"),
+            Err(Unroutable::NotReady {
+                reason: "PodNotReady".to_owned(),
+                message: "pod box is not Ready".to_owned()
+            })
+        );
+        pod.status.as_mut().unwrap().conditions =
+            Some(vec![k8s_openapi::api::core::v1::PodCondition {
+                type_: "Ready".to_owned(),
+                status: "True".to_owned(),
+                ..Default::default()
+            }]);
+        index.apply_pod(&pod);
+        assert_eq!(
+            index.resolve("default", "box"),
+            Ok(Backend {
+                uid: "uid-box".to_owned(),
+                pod: "box".to_owned(),
+                ips: vec!["10.0.0.5".parse().unwrap()],
+                ports: vec![7000, 8888, 9000],
+            })
+        );
+        // A pod named otherwise (the pod-name annotation) is found by its controller.
+        let mut renamed = pod.clone();
+        renamed.metadata.name = Some("box-pod".to_owned());
+        index.delete_pod("default", "box");
+        index.apply_pod(&renamed);
+        assert_eq!(index.resolve("default", "box").unwrap().pod, "box-pod");
+        // An unclaimed warm-pool member, a wrong name hash, a terminating pod: not routable.
+        let mut member = renamed.clone();
+        member
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert(labels::WARM_POOL_SANDBOX.to_owned(), "abcd1234".to_owned());
+        index.apply_pod(&member);
+        assert!(matches!(
+            index.resolve("default", "box"),
+            Err(Unroutable::WarmPoolMember { .. })
+        ));
+        let mut mislabelled = renamed.clone();
+        mislabelled.metadata.labels = Some(
+            [(labels::SANDBOX_NAME_HASH.to_owned(), "00000000".to_owned())]
+                .into_iter()
+                .collect(),
+        );
+        index.apply_pod(&mislabelled);
+        assert!(matches!(
+            index.resolve("default", "box"),
+            Err(Unroutable::PodNotControlled { .. })
+        ));
+        let mut terminating = renamed.clone();
+        terminating.metadata.deletion_timestamp =
+            Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+        index.apply_pod(&terminating);
+        assert!(matches!(
+            index.resolve("default", "box"),
+            Err(Unroutable::PodTerminating { .. })
+        ));
+        // A complete list of Sandboxes ends pods-only mode: the Sandbox is required again.
+        index.apply_pod(&renamed);
+        index.reset_sandboxes([]);
+        assert!(!index.is_pods_only());
+        assert_eq!(index.resolve("default", "box"), Err(Unroutable::NotFound));
     }
 
     #[test]

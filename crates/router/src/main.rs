@@ -40,7 +40,7 @@ struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
     #[command(flatten)]
-    args: Option<agent_sandbox_router::Args>,
+    args: agent_sandbox_router::Args,
     /// Log format: text or json (upstream's --zap-encoder=json also selects json).
     #[arg(long, env = "SANDBOX_ROUTER_LOG_FORMAT", default_value = "text", global = true,
           value_parser = ["text", "json"])]
@@ -237,15 +237,12 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(error) => return usage_error(&error),
     };
-    let (level, json) = match &cli.args {
-        Some(args) => match args.go.log_filter() {
-            Ok(level) => (level, args.go.log_json()),
-            Err(message) => {
-                eprintln!("error: {message}");
-                return ExitCode::from(exit::CONFIGURATION);
-            }
-        },
-        None => (None, None),
+    let (level, json) = match cli.args.go.log_filter() {
+        Ok(level) => (level, cli.args.go.log_json()),
+        Err(message) => {
+            eprintln!("error: {message}");
+            return ExitCode::from(exit::CONFIGURATION);
+        }
     };
     let format = match json {
         Some(true) => "json",
@@ -359,10 +356,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         None => {}
     }
-    let args = cli
-        .args
-        .context("flags are required unless a subcommand is given")?;
-    let resolved = args.resolve(&|name| std::env::var(name).ok())?;
+    let resolved = cli.args.resolve(&|name| std::env::var(name).ok())?;
     for warning in &resolved.warnings {
         tracing::warn!("{warning}");
     }

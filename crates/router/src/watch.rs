@@ -3,7 +3,12 @@
 //! the router never holds other pods). A complete list replaces the index's objects of that kind
 //! (`reset`, which also marks them synced); later events apply or delete one object. Watch
 //! errors are logged and retried with kube-runtime's default backoff.
-
+//!
+//! When the service account may not read Sandboxes (403, as under upstream's router RBAC, which
+//! grants pods only) or the Sandbox CRD is missing (404), the index routes from pods alone
+//! ([`Index::set_pods_only`]), said once in a warning; the Sandbox watch keeps retrying, and its
+//! first complete list restores the full checks. When pods cannot be read, nothing can be
+//! routed: that is said once too, with the permission to grant.
 use std::fmt::Debug;
 
 use agent_sandbox_api::{Sandbox, labels};
@@ -24,6 +29,9 @@ trait Indexed: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + S
     fn insert(index: &mut Index, namespace: String, name: String, entry: Self::Entry);
     fn reset(index: &mut Index, entries: Vec<(String, String, Self::Entry)>);
     fn delete(index: &mut Index, namespace: &str, name: &str);
+    /// The API answered `code` (403 or 404) to the list or watch: the warning to log once, after
+    /// adapting the index.
+    fn denied(index: &mut Index, code: u16) -> String;
 }
 
 impl Indexed for Sandbox {
@@ -40,6 +48,21 @@ impl Indexed for Sandbox {
     }
     fn delete(index: &mut Index, namespace: &str, name: &str) {
         index.delete_sandbox(namespace, name);
+    }
+    fn denied(index: &mut Index, code: u16) -> String {
+        index.set_pods_only(true);
+        let why = if code == 404 {
+            "the Sandbox CRD (sandboxes.agents.x-k8s.io) is not installed (404)"
+        } else {
+            "this service account may not list/watch sandboxes.agents.x-k8s.io (403 Forbidden, \
+             as under upstream's router RBAC, which grants pods only)"
+        };
+        format!(
+            "routing from pods alone: {why}; a sandbox is routable when its Ready pod is \
+             controlled by a Sandbox of that name (the Sandbox's own Ready condition and pod-name \
+             annotation are not seen). Grant get/list/watch on sandboxes for the full checks; \
+             the router picks them up without a restart"
+        )
     }
 }
 
@@ -58,6 +81,25 @@ impl Indexed for Pod {
     fn delete(index: &mut Index, namespace: &str, name: &str) {
         index.delete_pod(namespace, name);
     }
+    fn denied(_index: &mut Index, code: u16) -> String {
+        format!(
+            "cannot list/watch pods ({code}): no sandbox can be routed until this service account \
+             may get/list/watch pods (upstream's router ClusterRole or ours, \
+             deploy/base/router/rbac.yaml); retrying"
+        )
+    }
+}
+
+/// The HTTP status of an API refusal that retrying will not fix by itself (403, 404).
+fn denial(error: &watcher::Error) -> Option<u16> {
+    let status = match error {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status))
+        | watcher::Error::WatchFailed(kube::Error::Api(status))
+        | watcher::Error::WatchError(status) => status,
+        _ => return None,
+    };
+    (status.is_forbidden() || status.is_not_found()).then_some(status.code)
 }
 
 fn api<K>(client: Client, namespace: Option<&str>) -> Api<K>
@@ -74,6 +116,8 @@ async fn feed<K: Indexed>(api: Api<K>, config: watcher::Config, index: SharedInd
     let stream = watch_stream(api, config).default_backoff();
     futures_util::pin_mut!(stream);
     let mut listed = Vec::new();
+    // The denial last reported, so that a retried refusal is logged once, not per retry.
+    let mut denied: Option<u16> = None;
     while let Some(event) = stream.next().await {
         match event {
             Ok(Event::Init) => listed.clear(),
@@ -81,7 +125,11 @@ async fn feed<K: Indexed>(api: Api<K>, config: watcher::Config, index: SharedInd
             Ok(Event::InitDone) => {
                 let count = listed.len();
                 K::reset(&mut index.write(), std::mem::take(&mut listed));
-                tracing::info!(kind = K::KIND, count, "listed");
+                if denied.take().is_some() {
+                    tracing::warn!(kind = K::KIND, count, "listed again: access restored");
+                } else {
+                    tracing::info!(kind = K::KIND, count, "listed");
+                }
             }
             Ok(Event::Apply(object)) => {
                 if let Some((namespace, name, entry)) = object.summary() {
@@ -93,9 +141,19 @@ async fn feed<K: Indexed>(api: Api<K>, config: watcher::Config, index: SharedInd
                     K::delete(&mut index.write(), &namespace, &object.name_any());
                 }
             }
-            Err(error) => {
-                tracing::warn!(kind = K::KIND, %error, "watch failed; retrying with backoff");
-            }
+            Err(error) => match denial(&error) {
+                Some(code) if denied != Some(code) => {
+                    denied = Some(code);
+                    let message = K::denied(&mut index.write(), code);
+                    tracing::warn!(kind = K::KIND, %error, "{message}");
+                }
+                Some(_) => {
+                    tracing::debug!(kind = K::KIND, %error, "still refused; retrying with backoff");
+                }
+                None => {
+                    tracing::warn!(kind = K::KIND, %error, "watch failed; retrying with backoff");
+                }
+            },
         }
     }
 }

@@ -1,7 +1,8 @@
 //! A fake Kubernetes API server for the router's watch tests: list and watch of Sandboxes
 //! (`agents.x-k8s.io/v1beta1`) and Pods (`v1`), all namespaces or one, with `labelSelector`
 //! (`key` or `key=value`) and `resourceVersion`. Objects are changed by the test, and every
-//! change becomes a watch event. Nothing else of the API is served (404).
+//! change becomes a watch event. Nothing else of the API is served (404). [`FakeApi::forbid_sandboxes`]
+//! answers Sandbox requests 403, as the API server does under upstream's router RBAC (pods only).
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -41,6 +42,7 @@ struct State {
     objects: BTreeMap<(u8, String, String), Value>,
     changes: Vec<Change>,
     requests: Vec<String>,
+    forbid_sandboxes: bool,
 }
 
 fn kind_key(kind: Kind) -> u8 {
@@ -152,6 +154,11 @@ impl FakeApi {
 
     pub fn delete_pod(&self, pod: &Pod) {
         self.change(Kind::Pod, "DELETED", serde_json::to_value(pod).unwrap());
+    }
+
+    /// From now on, Sandbox lists and watches get 403 Forbidden.
+    pub fn forbid_sandboxes(&self) {
+        self.lock().forbid_sandboxes = true;
     }
 
     /// The request targets (path and query) received so far.
@@ -284,6 +291,19 @@ async fn handle(
             &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404}),
         );
     };
+    if kind == Kind::Sandbox
+        && state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .forbid_sandboxes
+    {
+        return json_response(
+            StatusCode::FORBIDDEN,
+            &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden",
+                    "message": "sandboxes.agents.x-k8s.io is forbidden: User \"system:serviceaccount:agent-sandbox-system:sandbox-router\" cannot list resource \"sandboxes\"",
+                    "code": 403}),
+        );
+    }
     let query = query(&uri);
     let selector = query.get("labelSelector").cloned();
     let watching = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));

@@ -24,7 +24,9 @@ use hyper::body::Incoming;
 use hyper::header::{HeaderName, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use k8s_openapi::api::core::v1::{Container, ContainerPort, Pod, PodIP, PodSpec, PodStatus};
+use k8s_openapi::api::core::v1::{
+    Container, ContainerPort, Pod, PodCondition, PodIP, PodSpec, PodStatus,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, OwnerReference, Time};
 use serde_json::Value;
 use tokio::net::{TcpListener, TcpStream};
@@ -317,6 +319,11 @@ pub fn pod_for(sandbox: &Sandbox, ip: IpAddr, ports: &[u16]) -> Pod {
         }),
         status: Some(PodStatus {
             phase: Some("Running".to_owned()),
+            conditions: Some(vec![PodCondition {
+                type_: "Ready".to_owned(),
+                status: "True".to_owned(),
+                ..PodCondition::default()
+            }]),
             pod_ip: Some(ip.to_string()),
             pod_ips: Some(vec![PodIP { ip: ip.to_string() }]),
             ..PodStatus::default()
