@@ -28,7 +28,6 @@ use agent_sandbox_api::{Sandbox, SandboxClaim, SandboxTemplate, SandboxWarmPool}
 use futures::StreamExt;
 use futures::future::{FutureExt, Shared};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, Resource, ResourceExt};
@@ -40,13 +39,22 @@ pub use error::{Error, ErrorClass, Result};
 pub use reconcile::Reconciler;
 
 /// Checks that the four CRDs are installed, with an error that says how to install them.
+///
+/// Through API discovery (`/apis/{group}/{version}`), which every authenticated client may read,
+/// rather than by reading the CRDs: upstream's ClusterRoles, which our image runs under when
+/// deployed with upstream's manifests, grant nothing on CustomResourceDefinitions. A kind is
+/// listed there once its CRD is established.
 pub async fn check_crds(client: &Client) -> Result<()> {
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     for crd in agent_sandbox_api::crds::all() {
         let name = crd.name_any();
-        match api.get_opt(&name).await {
-            Ok(Some(_)) => {}
-            Ok(None) => return Err(Error::CrdMissing { name }),
+        let Some(version) = crd.spec.versions.iter().find(|version| version.served) else {
+            continue;
+        };
+        let api_version = format!("{}/{}", crd.spec.group, version.name);
+        match client.list_api_group_resources(&api_version).await {
+            Ok(list) if list.resources.iter().any(|r| r.name == crd.spec.names.plural) => {}
+            Ok(_) => return Err(Error::CrdMissing { name }),
+            Err(source) if error::is_not_found(&source) => return Err(Error::CrdMissing { name }),
             Err(source) => return Err(Error::CrdCheck { name, source }),
         }
     }

@@ -153,7 +153,6 @@ impl PoolPacing {
         self.refills.retain(|_, bucket| !bucket.is_full(now));
         let rate = self.refill_rate;
         // At least one token, at most one second's worth (capacity is a small whole number).
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         let burst = rate.ceil().min(f64::from(u32::MAX)) as u32;
         let bucket = self
             .refills

@@ -27,9 +27,10 @@ use agent_sandbox_api::{
 use agent_sandbox_local::testkit;
 use agent_sandbox_local::{LocalCluster, LocalConfig};
 use k8s_openapi::api::core::v1::{Container, ContainerPort, PodSpec};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::Api;
-use kube::api::PostParams;
+use kube::api::{DeleteParams, PostParams};
 
 const NS: &str = "default";
 const WAIT: Duration = Duration::from_secs(90);
@@ -471,7 +472,6 @@ async fn the_api_rate_limit_paces_every_request() {
         controller.log()
     );
     // The burst, then 4 a second (one more for a request in flight at the sample).
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     let allowed = 2 + (4.0 * elapsed).ceil() as u64;
     assert!(
         (2..=allowed).contains(&sent),
@@ -484,6 +484,58 @@ async fn the_api_rate_limit_paces_every_request() {
         Some(0),
         "{}",
         controller.log()
+    );
+}
+
+/// Under upstream's core-only manifest (the Sandbox CRD alone) the controller names the first
+/// missing CRD and exits 1 (docs/controller.md, "Flags and defaults"). The check reads API
+/// discovery, which upstream's ClusterRoles do not restrict.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_extension_crds_it_names_the_first_missing_one() {
+    let cluster = cluster().await;
+    let client = cluster.client();
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for kind in ["sandboxtemplates", "sandboxwarmpools", "sandboxclaims"] {
+        crds.delete(
+            &format!("{kind}.extensions.agents.x-k8s.io"),
+            &DeleteParams::default(),
+        )
+        .await
+        .unwrap();
+    }
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while client
+        .list_api_group_resources("extensions.agents.x-k8s.io/v1beta1")
+        .await
+        .is_ok_and(|list| !list.resources.is_empty())
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the CRDs stay served"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut controller = Controller::start(&cluster, "core-only", CORE);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = controller.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still running:\n{}",
+            controller.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let log = controller.log();
+    assert_eq!(status.code(), Some(1), "{log}");
+    let last = log.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("error")
+            && last.contains("sandboxtemplates.extensions.agents.x-k8s.io")
+            && last.contains("not installed"),
+        "{log}"
     );
 }
 
