@@ -51,11 +51,16 @@ pub async fn check_crds(client: &Client) -> Result<()> {
             continue;
         };
         let api_version = format!("{}/{}", crd.spec.group, version.name);
-        match client.list_api_group_resources(&api_version).await {
-            Ok(list) if list.resources.iter().any(|r| r.name == crd.spec.names.plural) => {}
-            Ok(_) => return Err(Error::CrdMissing { name }),
-            Err(source) if error::is_not_found(&source) => return Err(Error::CrdMissing { name }),
+        let served = match client.list_api_group_resources(&api_version).await {
+            Ok(list) => list
+                .resources
+                .iter()
+                .any(|resource| resource.name == crd.spec.names.plural),
+            Err(source) if error::is_not_found(&source) => false,
             Err(source) => return Err(Error::CrdCheck { name, source }),
+        };
+        if !served {
+            return Err(Error::CrdMissing { name });
         }
     }
     Ok(())
