@@ -121,3 +121,106 @@ fn configuration_errors_are_one_line_and_exit_code_2_even_with_backtraces_on() {
         "a.b",
     );
 }
+
+#[test]
+fn upstream_configuration_errors_are_one_line_and_exit_code_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = kubeconfig(dir.path());
+    assert_configuration_error(
+        &router(&config, &["--authz-mode=tokenreview"]),
+        "--authz-mode=scoped-token",
+    );
+    assert_configuration_error(
+        &router(
+            &config,
+            &["-authz-mode=allow-all", "-http-bind-address=:http"],
+        ),
+        "--http-bind-address",
+    );
+    assert_configuration_error(
+        &router(&config, &["--authz-mode=allow-all", "--config=/etc/x.yaml"]),
+        "--config",
+    );
+    assert_configuration_error(
+        &router(&config, &["--authz-mode=allow-all", "--zap-log-level=loud"]),
+        "--zap-log-level",
+    );
+    // A bare Go boolean never takes the next argument.
+    assert_configuration_error(
+        &router(
+            &config,
+            &["--authz-mode=allow-all", "--cache-enabled", "false"],
+        ),
+        "false",
+    );
+}
+
+#[test]
+fn go_spelled_version_and_v2_minting() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = kubeconfig(dir.path());
+    let version = router(&config, &["-version"]);
+    assert!(version.status.success(), "{version:?}");
+    assert!(
+        String::from_utf8_lossy(&version.stdout).contains(env!("CARGO_PKG_VERSION")),
+        "{version:?}"
+    );
+
+    let private = dir.path().join("v2.key");
+    std::fs::write(&private, "BQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQU\n").unwrap();
+    let private = private.to_str().unwrap();
+    let keys = router(
+        &config,
+        &["v2-key-file", "--private-key-file", private, "--kid", "k1"],
+    );
+    assert!(keys.status.success(), "{keys:?}");
+    let keys = agent_sandbox_api::token::v2::VerificationKeys::parse(&keys.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&keys.stdout)));
+    let minted = router(
+        &config,
+        &[
+            "mint-token",
+            "--v2-private-key-file",
+            private,
+            "--kid",
+            "k1",
+            "--uid",
+            "uid-1",
+            "--sandbox",
+            "box",
+            "--path",
+            "/upload",
+        ],
+    );
+    assert!(minted.status.success(), "{minted:?}");
+    let token = String::from_utf8(minted.stdout).unwrap();
+    let claims = agent_sandbox_api::token::v2::verify(&keys, token.trim(), 0).unwrap();
+    assert_eq!(
+        (
+            claims.namespace.as_str(),
+            claims.name.as_str(),
+            claims.uid.as_str(),
+            claims.port,
+            claims.method.as_str(),
+            claims.path.as_str()
+        ),
+        ("default", "box", "uid-1", 8888, "POST", "/upload")
+    );
+    assert_configuration_error(
+        &router(
+            &config,
+            &[
+                "mint-token",
+                "--v2-private-key-file",
+                private,
+                "--kid",
+                "bad kid",
+                "--uid",
+                "u",
+                "--sandbox",
+                "box",
+            ],
+        ),
+        "bad kid",
+    );
+}
