@@ -43,7 +43,7 @@ fn typed<T: DeserializeOwned + Serialize>(value: &Value) -> Result<Value, serde_
 
 /// Decodes and re-encodes a built-in object through its k8s-openapi type.
 fn round_trip(builtin: Builtin, value: &Value) -> Option<Result<Value, serde_json::Error>> {
-    use k8s_openapi::api::{coordination, core, discovery, events, networking};
+    use k8s_openapi::api::{apps, coordination, core, discovery, events, networking};
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions;
     Some(match builtin {
         Builtin::Namespace => typed::<core::v1::Namespace>(value),
@@ -59,6 +59,8 @@ fn round_trip(builtin: Builtin, value: &Value) -> Option<Result<Value, serde_jso
         Builtin::NetworkPolicy => typed::<networking::v1::NetworkPolicy>(value),
         Builtin::EndpointSlice => typed::<discovery::v1::EndpointSlice>(value),
         Builtin::Lease => typed::<coordination::v1::Lease>(value),
+        Builtin::Deployment => typed::<apps::v1::Deployment>(value),
+        Builtin::ReplicaSet => typed::<apps::v1::ReplicaSet>(value),
         Builtin::CustomResourceDefinition => {
             typed::<apiextensions::v1::CustomResourceDefinition>(value)
         }
@@ -281,8 +283,53 @@ fn default_container(container: &mut Value) {
 }
 
 /// The defaults the API server's built-in defaulters set (the subset our components see).
+/// The pod spec defaults (of a Pod, or of a workload's pod template).
+fn default_pod_spec(spec: &mut Map<String, Value>) {
+    set_default(spec, "restartPolicy", json!("Always"));
+    set_default(spec, "terminationGracePeriodSeconds", json!(30));
+    set_default(spec, "dnsPolicy", json!("ClusterFirst"));
+    set_default(spec, "schedulerName", json!("default-scheduler"));
+    set_default(spec, "securityContext", json!({}));
+    for list in ["containers", "initContainers"] {
+        if let Some(Value::Array(containers)) = spec.get_mut(list) {
+            containers.iter_mut().for_each(default_container);
+        }
+    }
+}
+
+/// The defaults of `apps/v1` Deployments and ReplicaSets.
+fn default_workload(builtin: Builtin, object: &mut Value) {
+    let Some(spec) = object_at(object, "spec") else {
+        return;
+    };
+    set_default(spec, "replicas", json!(1));
+    if builtin == Builtin::Deployment {
+        set_default(spec, "revisionHistoryLimit", json!(10));
+        set_default(spec, "progressDeadlineSeconds", json!(600));
+        let strategy = spec
+            .entry("strategy")
+            .or_insert_with(|| json!({"type": "RollingUpdate"}));
+        if let Some(strategy) = strategy.as_object_mut() {
+            set_default(strategy, "type", json!("RollingUpdate"));
+            if strategy.get("type") == Some(&json!("RollingUpdate")) {
+                let rolling = strategy.entry("rollingUpdate").or_insert_with(|| json!({}));
+                if let Some(rolling) = rolling.as_object_mut() {
+                    set_default(rolling, "maxUnavailable", json!("25%"));
+                    set_default(rolling, "maxSurge", json!("25%"));
+                }
+            }
+        }
+    }
+    if let Some(template) = spec.get_mut("template").and_then(Value::as_object_mut)
+        && let Some(pod) = template.get_mut("spec").and_then(Value::as_object_mut)
+    {
+        default_pod_spec(pod);
+    }
+}
+
 fn apply_builtin_defaults(builtin: Builtin, object: &mut Value) {
     match builtin {
+        Builtin::Deployment | Builtin::ReplicaSet => default_workload(builtin, object),
         Builtin::Pod => {
             if let Some(spec) = object_at(object, "spec") {
                 set_default(spec, "restartPolicy", json!("Always"));
@@ -427,6 +474,9 @@ fn validate_builtin(builtin: Builtin, object: &Value) -> Vec<Cause> {
     if builtin == Builtin::NetworkPolicy {
         validate_ip_blocks(object, &mut causes);
     }
+    if matches!(builtin, Builtin::Deployment | Builtin::ReplicaSet) {
+        validate_workload(object, &mut causes);
+    }
     if builtin == Builtin::Pod {
         let containers = object.pointer("/spec/containers").and_then(Value::as_array);
         match containers {
@@ -494,6 +544,47 @@ fn validate_builtin(builtin: Builtin, object: &Value) -> Vec<Cause> {
         }
     }
     causes
+}
+
+/// A Deployment's or ReplicaSet's selector: required, not empty, and selecting its template.
+fn validate_workload(object: &Value, causes: &mut Vec<Cause>) {
+    let selector = object.pointer("/spec/selector");
+    let empty = selector.is_none_or(|s| crate::workloads::selector_string(s).is_empty());
+    if empty {
+        causes.push(Cause {
+            reason: "FieldValueRequired",
+            message: "Required value".into(),
+            field: "spec.selector".into(),
+        });
+    } else if !crate::workloads::selector_matches_template(object) {
+        let labels = object
+            .pointer("/spec/template/metadata/labels")
+            .and_then(Value::as_object)
+            .map(|map| {
+                map.iter()
+                    .map(|(k, v)| format!("{k:?}:{:?}", v.as_str().unwrap_or_default()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .unwrap_or_default();
+        causes.push(Cause {
+            reason: "FieldValueInvalid",
+            message: format!(
+                "Invalid value: map[string]string{{{labels}}}: `selector` does not match template `labels`"
+            ),
+            field: "spec.template.metadata.labels".into(),
+        });
+    }
+    let containers = object
+        .pointer("/spec/template/spec/containers")
+        .and_then(Value::as_array);
+    if containers.is_none_or(Vec::is_empty) {
+        causes.push(Cause {
+            reason: "FieldValueRequired",
+            message: "Required value".into(),
+            field: "spec.template.spec.containers".into(),
+        });
+    }
 }
 
 /// A CIDR as the API server parses one: an address and a prefix length within its family.
@@ -650,6 +741,18 @@ pub(crate) fn validate_update(info: &ResourceInfo, old: &Value, new: &Value) -> 
             if old_ip.is_some() && new_ip.is_some() && old_ip != new_ip {
                 return forbid("spec.clusterIP", "Invalid value: field is immutable");
             }
+        }
+        Builtin::Deployment | Builtin::ReplicaSet
+            if old.pointer("/spec/selector") != new.pointer("/spec/selector") =>
+        {
+            let selector = new
+                .pointer("/spec/selector")
+                .map(crate::workloads::selector_string)
+                .unwrap_or_default();
+            return forbid(
+                "spec.selector",
+                &format!("Invalid value: \"{selector}\": field is immutable"),
+            );
         }
         Builtin::CustomResourceDefinition
             if old.pointer("/spec/group") != new.pointer("/spec/group")

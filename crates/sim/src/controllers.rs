@@ -427,6 +427,9 @@ impl Controllers {
             return;
         }
         let namespace = meta::namespace(object);
+        if crate::workloads::watches(key) {
+            crate::workloads::sync_namespace(&self.objects, namespace);
+        }
         if *key == pods_key() || *key == services_key() {
             self.sync_endpoints(namespace);
         } else if *key == StorageKey::new("", "persistentvolumeclaims")
@@ -449,6 +452,7 @@ impl Controllers {
         for namespace in namespaces {
             self.on_namespace(&namespace);
             self.sync_endpoints(meta::name(&namespace));
+            crate::workloads::sync_namespace(&self.objects, meta::name(&namespace));
         }
         let (claims, _) = self
             .objects

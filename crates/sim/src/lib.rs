@@ -10,7 +10,8 @@
 //!   semantics, storage, watch history; [`admission`], [`apply`], [`patch`], [`selector`],
 //!   [`jsonpath`], [`events`], [`protobuf`]: the pure pieces they use;
 //! - [`scheduler`]: binding pods to the node; [`gc`]: ownerReference garbage collection;
-//!   [`controllers`]: EndpointSlices, namespace lifecycle, PVC binding.
+//!   [`controllers`]: EndpointSlices, namespace lifecycle, PVC binding; [`workloads`]: the
+//!   Deployment and ReplicaSet controllers.
 //!
 //! The sim is a test harness and a playground, never a production target; `docs/sim.md` lists
 //! every way it differs from a real cluster.
@@ -39,6 +40,7 @@ mod scheduler;
 mod selector;
 mod store;
 pub mod test_support;
+mod workloads;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -702,6 +702,11 @@ impl ApiObjects {
         {
             scale["status"]["selector"] = selector.clone();
         }
+        if matches!(info.builtin, Builtin::Deployment | Builtin::ReplicaSet)
+            && let Some(selector) = current.pointer("/spec/selector")
+        {
+            scale["status"]["selector"] = json!(crate::workloads::selector_string(selector));
+        }
         scale
     }
 

@@ -28,6 +28,8 @@ pub(crate) enum Builtin {
     NetworkPolicy,
     EndpointSlice,
     Lease,
+    Deployment,
+    ReplicaSet,
     CustomResourceDefinition,
     /// Stored as given, without a schema (Gateway API kinds).
     Unstructured,
@@ -324,6 +326,26 @@ pub(crate) fn builtins() -> Vec<ResourceInfo> {
             B::Lease,
         ),
         builtin(
+            "apps",
+            "v1",
+            "deployments",
+            "Deployment",
+            true,
+            &["deploy"],
+            true,
+            B::Deployment,
+        ),
+        builtin(
+            "apps",
+            "v1",
+            "replicasets",
+            "ReplicaSet",
+            true,
+            &["rs"],
+            true,
+            B::ReplicaSet,
+        ),
+        builtin(
             "apiextensions.k8s.io",
             "v1",
             "customresourcedefinitions",
@@ -366,8 +388,19 @@ pub(crate) fn builtins() -> Vec<ResourceInfo> {
     ];
     // `kubectl get all` lists the kinds in the `all` category.
     for info in &mut list {
-        if matches!(info.builtin, B::Pod | B::Service) {
+        if matches!(
+            info.builtin,
+            B::Pod | B::Service | B::Deployment | B::ReplicaSet
+        ) {
             info.categories = vec!["all".to_owned()];
+        }
+        if matches!(info.builtin, B::Deployment | B::ReplicaSet) {
+            // The Scale's selector is derived from `spec.selector` (`ops`), not read at a path.
+            info.scale = Some(ScalePaths {
+                spec_replicas: ".spec.replicas".to_owned(),
+                status_replicas: ".status.replicas".to_owned(),
+                label_selector: None,
+            });
         }
     }
     list

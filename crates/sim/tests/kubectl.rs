@@ -610,3 +610,226 @@ async fn kubectl_creates_and_deletes_a_namespace_and_its_content() {
     let listed = kubectl.ok(&["get", "namespaces", "-o", "name"]).await;
     assert!(!listed.contains("team-"), "{listed}");
 }
+
+/// A file of upstream's released module (`sigs.k8s.io/agent-sandbox`, the version
+/// `tests/upstream/go` pins), through `go mod download`; `None` (the test skips, saying why)
+/// where Go is missing, except under `CI=true`, where that fails.
+fn upstream_file(path: &str) -> Option<PathBuf> {
+    let output = std::process::Command::new("go")
+        .args([
+            "mod",
+            "download",
+            "-json",
+            "sigs.k8s.io/agent-sandbox@v1.0.3",
+        ])
+        .current_dir(std::env::temp_dir())
+        .stdin(Stdio::null())
+        .output();
+    let dir = match output {
+        Ok(output) if output.status.success() => {
+            let info: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+            PathBuf::from(
+                info["Dir"]
+                    .as_str()
+                    .expect("go mod download names the directory"),
+            )
+        }
+        other => {
+            let why =
+                format!("upstream's module is not available through `go mod download`: {other:?}");
+            assert!(std::env::var("CI").as_deref() != Ok("true"), "{why}");
+            eprintln!("skipped: {why}");
+            return None;
+        }
+    };
+    Some(dir.join(path))
+}
+
+/// A stand-in for upstream's router image: answers every GET with 200 on the pod's
+/// `:8081`, where upstream's Deployment points its probes (it ignores the container's args).
+const ROUTER_STAND_IN: &str = r#"#!/bin/sh
+exec python3 -c '
+import http.server, os
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"ok")
+    def log_message(self, *args):
+        pass
+http.server.ThreadingHTTPServer((os.environ["POD_IP"], 8081), Handler).serve_forever()
+'
+"#;
+
+#[tokio::test]
+async fn upstreams_router_deployment_applies_and_rolls_out() {
+    use std::os::unix::fs::PermissionsExt as _;
+    require_kubectl!();
+    let Some(manifest) = upstream_file("sandbox-router/deploy/deployment.yaml") else {
+        return;
+    };
+    let scratch = tempfile::tempdir().unwrap();
+    let stand_in = scratch.path().join("router-stand-in");
+    std::fs::write(&stand_in, ROUTER_STAND_IN).unwrap();
+    std::fs::set_permissions(&stand_in, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let config = SimConfig::default().isolation(Isolation::None).image(
+        agent_sandbox_sim::ImageEntry::new(
+            "*sandbox-router-go*",
+            agent_sandbox_sim::Program::Path(stand_in),
+        )
+        .env("POD_IP", "{pod_ip}"),
+    );
+    let sim = Sim::start(config).await.unwrap();
+    let kubectl = Kubectl::new(&sim);
+    kubectl
+        .ok(&["create", "namespace", "agent-sandbox-system"])
+        .await;
+    kubectl
+        .ok(&[
+            "create",
+            "serviceaccount",
+            "sandbox-router",
+            "-n",
+            "agent-sandbox-system",
+        ])
+        .await;
+    let applied = kubectl
+        .ok(&[
+            "apply",
+            "--server-side",
+            "--field-manager=e2e",
+            "-f",
+            manifest.to_str().unwrap(),
+        ])
+        .await;
+    assert_eq!(
+        applied.trim(),
+        "deployment.apps/sandbox-router serverside-applied"
+    );
+    let ns = ["-n", "agent-sandbox-system"];
+    let rolled = kubectl
+        .ok(&[
+            &[
+                "rollout",
+                "status",
+                "deployment/sandbox-router",
+                "--timeout=90s",
+            ],
+            &ns[..],
+        ]
+        .concat())
+        .await;
+    assert!(rolled.contains("successfully rolled out"), "{rolled}");
+    let get = |args: &'static [&'static str]| {
+        let kubectl = &kubectl;
+        async move { kubectl.ok(&[args, &ns[..]].concat()).await }
+    };
+    let table = get(&["get", "deployment", "sandbox-router", "--no-headers"]).await;
+    let columns: Vec<&str> = table.split_whitespace().collect();
+    assert_eq!(
+        &columns[..4],
+        ["sandbox-router", "2/2", "2", "2"],
+        "{table}"
+    );
+    // One ReplicaSet, named and labelled by the template's hash and owned by the Deployment; its
+    // pods carry the hash and are owned by it.
+    let rs = get(&[
+        "get",
+        "replicasets",
+        "-o",
+        "jsonpath={range .items[*]}{.metadata.name} {.metadata.labels.pod-template-hash} {.metadata.ownerReferences[0].kind}/{.metadata.ownerReferences[0].name} {.status.readyReplicas}{\"\\n\"}{end}",
+    ])
+    .await;
+    let rows: Vec<&str> = rs.lines().collect();
+    assert_eq!(rows.len(), 1, "{rs}");
+    let fields: Vec<&str> = rows[0].split(' ').collect();
+    assert_eq!(fields[0], format!("sandbox-router-{}", fields[1]), "{rs}");
+    assert_eq!(&fields[2..], ["Deployment/sandbox-router", "2"], "{rs}");
+    let pods = get(&[
+        "get",
+        "pods",
+        "-l",
+        "app.kubernetes.io/name=sandbox-router",
+        "-o",
+        "jsonpath={range .items[*]}{.metadata.labels.pod-template-hash} {.metadata.ownerReferences[0].kind} {.status.phase}{\"\\n\"}{end}",
+    ])
+    .await;
+    assert_eq!(
+        pods.lines().collect::<Vec<_>>(),
+        vec![format!("{} ReplicaSet Running", fields[1]); 2],
+        "{pods}"
+    );
+    let conditions = get(&[
+        "get",
+        "deployment",
+        "sandbox-router",
+        "-o",
+        "jsonpath={range .status.conditions[*]}{.type}={.status}/{.reason} {end}",
+    ])
+    .await;
+    assert_eq!(
+        conditions.trim(),
+        "Available=True/MinimumReplicasAvailable Progressing=True/NewReplicaSetAvailable"
+    );
+    // A template change rolls out a second ReplicaSet, which replaces the first.
+    kubectl
+        .ok(&[
+            &["set", "env", "deployment/sandbox-router", "LOG_LEVEL=debug"],
+            &ns[..],
+        ]
+        .concat())
+        .await;
+    kubectl
+        .ok(&[
+            &[
+                "rollout",
+                "status",
+                "deployment/sandbox-router",
+                "--timeout=90s",
+            ],
+            &ns[..],
+        ]
+        .concat())
+        .await;
+    let sets = get(&[
+        "get",
+        "replicasets",
+        "-o",
+        "jsonpath={range .items[*]}{.metadata.annotations.deployment\\.kubernetes\\.io/revision}:{.spec.replicas} {end}",
+    ])
+    .await;
+    let mut sets: Vec<&str> = sets.split_whitespace().collect();
+    sets.sort_unstable();
+    assert_eq!(sets, ["1:0", "2:2"]);
+    let scaled = get(&["scale", "deployment", "sandbox-router", "--replicas=1"]).await;
+    assert!(scaled.contains("scaled"), "{scaled}");
+    kubectl
+        .ok(&[
+            &[
+                "rollout",
+                "status",
+                "deployment/sandbox-router",
+                "--timeout=90s",
+            ],
+            &ns[..],
+        ]
+        .concat())
+        .await;
+    // Deleting the Deployment takes its ReplicaSets and pods with it.
+    get(&[
+        "delete",
+        "deployment",
+        "sandbox-router",
+        "--cascade=foreground",
+    ])
+    .await;
+    let mut left = String::from("?");
+    for _ in 0..200 {
+        left = get(&["get", "replicasets,pods", "-o", "name"]).await;
+        if left.trim().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(left.trim(), "", "left behind");
+}

@@ -246,6 +246,56 @@ pub(crate) fn render(
                 })
                 .collect(),
         ),
+        Builtin::Deployment => (
+            columns(&[
+                column("Name", "string", 0),
+                column("Ready", "string", 0),
+                column("Up-to-date", "integer", 0),
+                column("Available", "integer", 0),
+                column("Age", "string", 0),
+            ]),
+            objects
+                .iter()
+                .map(|o| {
+                    let count = |pointer: &str| o.pointer(pointer).and_then(Value::as_i64);
+                    vec![
+                        json!(meta::name(o)),
+                        json!(format!(
+                            "{}/{}",
+                            count("/status/readyReplicas").unwrap_or(0),
+                            count("/spec/replicas").unwrap_or(0)
+                        )),
+                        json!(count("/status/updatedReplicas").unwrap_or(0)),
+                        json!(count("/status/availableReplicas").unwrap_or(0)),
+                        json!(created(o, now)),
+                    ]
+                })
+                .collect(),
+        ),
+        Builtin::ReplicaSet => (
+            columns(&[
+                column("Name", "string", 0),
+                column("Desired", "integer", 0),
+                column("Current", "integer", 0),
+                column("Ready", "integer", 0),
+                column("Age", "string", 0),
+            ]),
+            objects
+                .iter()
+                .map(|o| {
+                    let count = |pointer: &str| {
+                        json!(o.pointer(pointer).and_then(Value::as_i64).unwrap_or(0))
+                    };
+                    vec![
+                        json!(meta::name(o)),
+                        count("/spec/replicas"),
+                        count("/status/replicas"),
+                        count("/status/readyReplicas"),
+                        json!(created(o, now)),
+                    ]
+                })
+                .collect(),
+        ),
         Builtin::Node => (
             columns(&[
                 column("Name", "string", 0),
