@@ -6,10 +6,13 @@
 //! - the [`Index`] of routable sandboxes (Sandbox → its pod's IPs and allowed ports), a plain
 //!   struct fed by [`watch()`] from the cluster or directly by its user;
 //! - the routing decisions (headers → sandbox → pod address; never anything else: no SSRF),
-//!   authentication ([`Auth`]: none, a static token, or per-sandbox scoped tokens), and the
+//!   authentication ([`Auth`]: none, a static token, or per-sandbox scoped tokens v1 and v2), and the
 //!   proxy itself (streaming both ways, upgrades relayed, deadlines, limits, `{"detail": ...}`
 //!   errors), in [`Router`];
-//! - `/healthz`, `/readyz`, `/metrics` and the access log.
+//! - `/healthz`, `/readyz`, `/metrics` (on the proxy listener, and on separate probe and metrics
+//!   listeners when configured) and the access log;
+//! - the configuration in three dialects ([`Args`]): ours, upstream's Go router flags, and
+//!   upstream's environment variables, so that upstream's router manifests start this router.
 //!
 //! Entry points: [`run`] (watch a cluster and serve, what the binary does), [`serve`] (serve a
 //! caller-fed index, e.g. `sandboxctl run --local`), or [`Router::bind`] + [`Router::serve`]

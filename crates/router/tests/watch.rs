@@ -1,7 +1,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! The watch-fed index against a fake Kubernetes API (list + watch of Sandboxes and labelled
 //! Pods): readiness after the initial lists, routes that follow Sandbox and Pod changes, the
-//! label selector on pods; and the `sandbox-router` binary itself: kubeconfig, probes, a
+//! label selector on pods, routing from pods alone while Sandboxes are forbidden (and the full
+//! checks once they are granted); and the `sandbox-router` binary itself: kubeconfig, probes, a
 //! request drained on SIGTERM, and exit status 0.
 
 mod common;
@@ -336,4 +337,47 @@ fn the_binary_refuses_to_start_without_an_auth_mode_or_its_secret() {
         String::from_utf8_lossy(&no_key.stderr).contains("--signing-key-file"),
         "{no_key:?}"
     );
+}
+
+#[tokio::test]
+async fn forbidden_sandboxes_route_from_pods_until_access_is_granted() {
+    let runtime = Runtime::start();
+    let api = FakeApi::start().await;
+    api.forbid_sandboxes();
+    let box_ = sandbox("box");
+    api.apply_pod(&pod_for(&box_, runtime.ip, &[]));
+
+    let index = agent_sandbox_router::SharedIndex::new();
+    let router = agent_sandbox_router::Router::bind(
+        agent_sandbox_router::Config::new(SocketAddr::from(([127, 0, 0, 1], 0))),
+        index.clone(),
+    )
+    .await
+    .unwrap();
+    let addr = router.local_addr();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(router.serve(async move {
+        let _ = stop_rx.await;
+    }));
+    let watching = tokio::spawn(agent_sandbox_router::watch(
+        api.client(),
+        index.clone(),
+        None,
+    ));
+    // Pods alone: the pod controlled by Sandbox "box" is enough.
+    until_status(addr, "box", StatusCode::OK).await;
+    assert!(index.read().is_pods_only());
+
+    // RBAC granted: the Sandbox watch lists, and the Sandbox's own state counts again.
+    api.apply_sandbox(&not_ready(box_.clone(), "SandboxSuspended", "suspended"));
+    api.allow_sandboxes();
+    until_status(addr, "box", StatusCode::NOT_FOUND).await;
+    assert!(!index.read().is_pods_only());
+    api.apply_sandbox(&box_);
+    until_status(addr, "box", StatusCode::OK).await;
+
+    watching.abort();
+    let _ = watching.await;
+    stop_tx.send(()).unwrap();
+    serving.await.unwrap().unwrap();
 }

@@ -161,6 +161,11 @@ impl FakeApi {
         self.lock().forbid_sandboxes = true;
     }
 
+    /// From now on, Sandboxes are served again (RBAC granted).
+    pub fn allow_sandboxes(&self) {
+        self.lock().forbid_sandboxes = false;
+    }
+
     /// The request targets (path and query) received so far.
     pub fn requests(&self) -> Vec<String> {
         self.lock().requests.clone()
