@@ -7,8 +7,14 @@
 //!
 //! Only objects of our four kinds are applied: the other kinds in those files (Deployments,
 //! ConfigMaps, Gateways, ...) are the sim's business, not our CRDs'. Kustomize patches are applied
-//! as their overlays render them. Skipped, with a printed reason, where `kubectl` is not
-//! installed; under `CI=true` a missing kubectl fails instead.
+//! as their overlays render them.
+//!
+//! The list markers the CRDs now share with upstream's are what server-side apply merges by:
+//! two field managers' containers, ports and env live side by side instead of one replacing the
+//! other (`lists_merge_by_upstreams_keys`).
+//!
+//! Skipped, with a printed reason, where `kubectl` is not installed; under `CI=true` a missing
+//! kubectl fails instead.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -391,4 +397,75 @@ async fn upstream_manifests_are_accepted_by_our_crds() {
             "{path} is accepted now ({why}): remove it from REFUSED and docs/controller.md"
         );
     }
+}
+
+/// Two appliers of one Sandbox, each owning its own container, port and variable: on upstream's
+/// CRDs (and ours) `containers` merges by name, `ports` by port and protocol, `env` by name, so
+/// both keep theirs; an atomic list would be a conflict between the two managers.
+#[tokio::test]
+async fn lists_merge_by_upstreams_keys() {
+    require_kubectl!();
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    sim.apply_crds().unwrap();
+    let kubectl = Kubectl::new(&sim);
+    let sandbox = |container: &str, port: u16, variable: &str| {
+        serde_json::json!({
+            "apiVersion": "agents.x-k8s.io/v1beta1",
+            "kind": "Sandbox",
+            "metadata": {"name": "shared"},
+            "spec": {"podTemplate": {"spec": {"containers": [
+                {
+                    "name": "main",
+                    "image": "busybox",
+                    "ports": [{"containerPort": port}],
+                    "env": [{"name": variable, "value": "1"}],
+                },
+                {"name": container, "image": "busybox"},
+            ]}}},
+        })
+        .to_string()
+    };
+    for (manager, container, port, variable) in [
+        ("first", "one", 8080, "FIRST"),
+        ("second", "two", 9090, "SECOND"),
+    ] {
+        kubectl
+            .ok(
+                &[
+                    "apply",
+                    "--server-side",
+                    &format!("--field-manager={manager}"),
+                    "-f",
+                    "-",
+                ],
+                Some(&sandbox(container, port, variable)),
+            )
+            .await;
+    }
+    let stored: Value = serde_json::from_str(
+        &kubectl
+            .ok(&["get", "sandbox", "shared", "-o", "json"], None)
+            .await,
+    )
+    .unwrap();
+    let spec = &stored["spec"]["podTemplate"]["spec"];
+    let names: Vec<&str> = spec["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["main", "one", "two"], "{spec}");
+    let main = &spec["containers"][0];
+    assert_eq!(
+        main["ports"],
+        serde_json::json!([
+            {"containerPort": 8080, "protocol": "TCP"},
+            {"containerPort": 9090, "protocol": "TCP"},
+        ])
+    );
+    assert_eq!(
+        main["env"],
+        serde_json::json!([{"name": "FIRST", "value": "1"}, {"name": "SECOND", "value": "1"}])
+    );
 }
