@@ -1,5 +1,6 @@
 //! What an API server does to a custom object with a structural OpenAPI schema: apply defaults,
-//! find unknown fields, validate types, required fields, enums, bounds and formats.
+//! find unknown fields, validate types, required fields, enums, bounds and formats, and the
+//! uniqueness `x-kubernetes-list-type: map` and `set` promise (by the list's map keys).
 //!
 //! Used by the compatibility tests (our generated schemas must reject a typo such as
 //! `imagePullPolicyy` and carry upstream's defaults) and by the simulated cluster, which applies
@@ -49,6 +50,9 @@ pub enum FieldErrorKind {
     Maximum(String),
     /// A string does not have the schema's format.
     Format(String),
+    /// A second item of a `map` list with the same keys, or of a `set` list with the same value
+    /// (the JSON of the keys or the value).
+    Duplicate(String),
 }
 
 impl fmt::Display for FieldError {
@@ -82,6 +86,7 @@ impl fmt::Display for FieldError {
             FieldErrorKind::Format(format) => {
                 write!(f, "{path}: Invalid value: must be a {format}")
             }
+            FieldErrorKind::Duplicate(value) => write!(f, "{path}: Duplicate value: {value}"),
         }
     }
 }
@@ -280,8 +285,39 @@ fn validate_at(
                     validate_at(item, child, &format!("{path}[{index}]"), false, errors);
                 }
             }
+            duplicates(schema, items, path, errors);
         }
         _ => {}
+    }
+}
+
+/// Items of a `map` list whose keys an earlier item has, or of a `set` list equal to an earlier
+/// one: what server-side apply could not tell apart, refused as the API server does.
+fn duplicates(schema: &JSONSchemaProps, items: &[Value], path: &str, errors: &mut Vec<FieldError>) {
+    let identity = |item: &Value| match schema.x_kubernetes_list_type.as_deref() {
+        Some("set") => Some(item.clone()),
+        Some("map") => schema.x_kubernetes_list_map_keys.as_ref().map(|keys| {
+            Value::Object(
+                keys.iter()
+                    .filter_map(|key| item.get(key).map(|value| (key.clone(), value.clone())))
+                    .collect(),
+            )
+        }),
+        _ => None,
+    };
+    let mut seen: Vec<Value> = Vec::new();
+    for (index, item) in items.iter().enumerate() {
+        let Some(identity) = identity(item) else {
+            return;
+        };
+        if seen.contains(&identity) {
+            errors.push(FieldError {
+                path: format!("{path}[{index}]"),
+                kind: FieldErrorKind::Duplicate(identity.to_string()),
+            });
+        } else {
+            seen.push(identity);
+        }
     }
 }
 
@@ -479,6 +515,51 @@ mod tests {
         assert_eq!(
             problems(json!({"n": 9_223_372_036_854_775_808_u64})),
             vec!["n: Invalid value: must be of type integer"]
+        );
+    }
+
+    #[test]
+    fn map_and_set_lists_refuse_duplicates() {
+        let schema = schema(json!({
+            "type": "object",
+            "properties": {
+                "containers": {"type": "array", "x-kubernetes-list-type": "map",
+                    "x-kubernetes-list-map-keys": ["name"],
+                    "items": {"type": "object", "properties": {
+                        "name": {"type": "string"},
+                        "ports": {"type": "array", "x-kubernetes-list-type": "map",
+                            "x-kubernetes-list-map-keys": ["containerPort", "protocol"],
+                            "items": {"type": "object", "properties": {
+                                "containerPort": {"type": "integer"},
+                                "protocol": {"type": "string"}}}}}}},
+                "options": {"type": "array", "x-kubernetes-list-type": "set",
+                    "items": {"type": "string"}},
+                "args": {"type": "array", "x-kubernetes-list-type": "atomic",
+                    "items": {"type": "string"}}
+            }
+        }));
+        let value = json!({
+            "containers": [
+                {"name": "a", "ports": [
+                    {"containerPort": 80, "protocol": "TCP"},
+                    {"containerPort": 80, "protocol": "UDP"},
+                    {"containerPort": 80, "protocol": "TCP"}]},
+                {"name": "b"},
+                {"name": "a"}],
+            "options": ["ro", "rw", "ro"],
+            "args": ["x", "x"]
+        });
+        let found: Vec<String> = validate(&schema, &value)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            found,
+            vec![
+                "containers[0].ports[2]: Duplicate value: {\"containerPort\":80,\"protocol\":\"TCP\"}",
+                "containers[2]: Duplicate value: {\"name\":\"a\"}",
+                "options[2]: Duplicate value: \"ro\"",
+            ]
         );
     }
 
