@@ -387,8 +387,22 @@ async fn echo_through(addr: &str, payload: &[u8]) -> Vec<u8> {
 
 #[tokio::test]
 async fn kubectl_port_forward_over_spdy_carries_bytes_both_ways() {
-    use tokio::io::AsyncBufReadExt as _;
     require_kubectl!();
+    // This forces the SPDY/3.1 dialer of client-go, the one upstream's Go SDK uses.
+    port_forward_carries_bytes_both_ways(false).await;
+}
+
+#[tokio::test]
+async fn kubectl_port_forward_through_the_websocket_tunnel_carries_bytes_both_ways() {
+    require_kubectl!();
+    // kubectl's default since 1.31: SPDY tunnelled through a WebSocket, with no fallback here.
+    port_forward_carries_bytes_both_ways(true).await;
+}
+
+/// Runs `kubectl port-forward` to an echo pod, with the WebSocket tunnel (`websockets`) or plain
+/// SPDY, and checks the bytes both ways over two connections of one session.
+async fn port_forward_carries_bytes_both_ways(websockets: bool) {
+    use tokio::io::AsyncBufReadExt as _;
     let sim = Sim::start(SimConfig::default().isolation(Isolation::Auto))
         .await
         .unwrap();
@@ -405,10 +419,13 @@ async fn kubectl_port_forward_over_spdy_carries_bytes_both_ways() {
         .ok(&["wait", "--for=condition=Ready", "pod/echo", "--timeout=60s"])
         .await;
 
-    // kubectl speaks WebSocket first by default (and falls back to SPDY); this forces the
-    // SPDY/3.1 dialer of client-go, the one upstream's Go SDK uses.
     let mut forward = tokio::process::Command::new("kubectl")
-        .env("KUBECTL_PORT_FORWARD_WEBSOCKETS", "false")
+        .env(
+            "KUBECTL_PORT_FORWARD_WEBSOCKETS",
+            if websockets { "true" } else { "false" },
+        )
+        // At this level client-go logs the tunnel's negotiation and any fallback to SPDY.
+        .arg("-v=4")
         .arg("--kubeconfig")
         .arg(&kubectl.kubeconfig)
         .arg("--cache-dir")
@@ -461,8 +478,18 @@ async fn kubectl_port_forward_over_spdy_carries_bytes_both_ways() {
     let output = forward.wait_with_output().await.unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
-        !stderr.contains("error") && !stderr.contains("Unhandled"),
+        !stderr.contains("fallback to secondary dialer") && !stderr.contains("Unhandled"),
         "kubectl port-forward reported: {stderr}"
+    );
+    assert!(
+        !stderr.lines().any(|l| l.starts_with('E')),
+        "kubectl port-forward logged errors: {stderr}"
+    );
+    assert_eq!(
+        stderr.contains("Before WebSocket Upgrade Connection"),
+        websockets,
+        "the WebSocket tunnel was {}used: {stderr}",
+        if websockets { "not " } else { "" }
     );
 }
 
