@@ -46,9 +46,9 @@ pub const CLIENT_FIRST_REQUESTED_AT: &str = "agents.x-k8s.io/client-first-reques
 
 /// `agents.x-k8s.io/controller-first-observed-at` on a SandboxClaim.
 ///
-/// Written by upstream's claim reconciler on first sight of a claim. Our controller keeps the
-/// time in memory instead of spending an API write on it (see `docs/controller.md`); it still
-/// reads the annotation when present.
+/// Written by the claim reconciler (ours and upstream's) on first sight of a claim, unless
+/// `--disable-claim-observability-annotations`; read back for
+/// `agent_sandbox_claim_controller_startup_latency_ms`, so the latency survives a restart.
 pub const CONTROLLER_FIRST_OBSERVED_AT: &str = "agents.x-k8s.io/controller-first-observed-at";
 
 /// `agents.x-k8s.io/claim-first-ready-at` on a SandboxClaim: when the claim first became Ready,
@@ -61,8 +61,9 @@ pub const CLAIM_FIRST_READY_AT_UNKNOWN: &str = "unknown";
 
 /// `agents.x-k8s.io/webhook-first-observed-at` on a SandboxClaim.
 ///
-/// Written by an optional external mutating webhook (upstream example). Read by the claim
-/// startup latency metric.
+/// Written by an optional external mutating webhook (upstream example; we run none). Read by the
+/// claim reconciler for `agent_sandbox_claim_startup_latency_ms`, observed only for claims that
+/// carry it.
 pub const WEBHOOK_FIRST_OBSERVED_AT: &str = "agents.x-k8s.io/webhook-first-observed-at";
 
 /// `cluster-autoscaler.kubernetes.io/safe-to-evict`.

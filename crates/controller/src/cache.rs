@@ -57,6 +57,15 @@ pub struct Caches {
     synced: tokio::sync::watch::Receiver<usize>,
 }
 
+/// The writers of [`Caches::detached`].
+#[cfg(test)]
+pub(crate) struct DetachedWriters {
+    /// Sandboxes.
+    pub sandboxes: kube::runtime::reflector::store::Writer<Sandbox>,
+    /// Pools.
+    pub pools: kube::runtime::reflector::store::Writer<SandboxWarmPool>,
+}
+
 impl std::fmt::Debug for Caches {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Caches")
@@ -68,6 +77,27 @@ impl std::fmt::Debug for Caches {
 }
 
 impl Caches {
+    /// Caches with a writer per store and no watch, for tests that fill the stores by hand.
+    #[cfg(test)]
+    pub(crate) fn detached() -> (Self, DetachedWriters) {
+        use kube::runtime::reflector::store::Writer;
+        let mut sandboxes = Writer::<Sandbox>::default();
+        let pools = Writer::<SandboxWarmPool>::default();
+        let (_, synced) = tokio::sync::watch::channel(0);
+        let caches = Caches {
+            sandboxes: sandboxes.as_reader(),
+            pods: Writer::<Pod>::default().as_reader(),
+            services: Writer::<Service>::default().as_reader(),
+            claims: Writer::<SandboxClaim>::default().as_reader(),
+            pools: pools.as_reader(),
+            templates: Writer::<SandboxTemplate>::default().as_reader(),
+            policies: Writer::<NetworkPolicy>::default().as_reader(),
+            synced,
+        };
+        sandboxes.apply_watcher_event(&kube::runtime::watcher::Event::InitDone);
+        (caches, DetachedWriters { sandboxes, pools })
+    }
+
     /// Waits until every cache has completed its initial list.
     ///
     /// (Not `Store::wait_until_ready`: its readiness signal wakes only the last of several

@@ -36,7 +36,10 @@ pub struct Context {
     /// Sandboxes (`ns/name`) a claim reconcile is adopting right now, or adopted moments ago.
     reservations: Mutex<HashMap<String, Instant>>,
     /// When each claim (by UID) was first seen, for the startup-latency metric.
-    claims_seen: Mutex<HashMap<String, Instant>>,
+    claims_seen: Mutex<HashMap<String, FirstSeen>>,
+    /// Claims (by UID) whose annotations this controller patched moments ago, so that a pass on
+    /// a cache that does not show them yet does not patch them again.
+    annotated: Mutex<HashMap<String, Instant>>,
     /// Statuses written recently (by object UID) that the cache may not show yet.
     written: Mutex<HashMap<String, (serde_json::Value, Instant)>>,
     /// The pace of pool member creation: over all pools, per pool, after members leave.
@@ -76,6 +79,7 @@ impl Context {
             pool_expectations: Mutex::default(),
             reservations: Mutex::default(),
             claims_seen: Mutex::default(),
+            annotated: Mutex::default(),
             written: Mutex::default(),
         }
     }
@@ -192,10 +196,27 @@ impl Context {
     }
 
     /// When the claim with `uid` was first seen (now, on the first call).
-    pub fn claim_first_seen(&self, uid: &str) -> Instant {
+    pub fn claim_first_seen(&self, uid: &str) -> FirstSeen {
         *lock(&self.claims_seen)
             .entry(uid.to_owned())
-            .or_insert_with(Instant::now)
+            .or_insert_with(|| FirstSeen {
+                at: Instant::now(),
+                wall: Timestamp::now(),
+            })
+    }
+
+    /// True when the annotations of the claim with `uid` were patched moments ago.
+    pub fn recently_annotated(&self, uid: &str) -> bool {
+        lock(&self.annotated)
+            .get(uid)
+            .is_some_and(|at| at.elapsed() < EXPECTATION_TTL)
+    }
+
+    /// Remembers that the annotations of the claim with `uid` were just patched.
+    pub fn remember_annotated(&self, uid: &str) {
+        let mut map = lock(&self.annotated);
+        map.retain(|_, at| at.elapsed() < EXPECTATION_TTL);
+        map.insert(uid.to_owned(), Instant::now());
     }
 
     /// The freshest known status of the object with `uid`: the one this controller wrote last, while
@@ -233,6 +254,16 @@ impl Context {
     pub fn forget_claim(&self, uid: &str) {
         lock(&self.claims_seen).remove(uid);
     }
+}
+
+/// When the controller first saw a claim: the monotonic instant for latencies, the wall-clock time
+/// for its `controller-first-observed-at` annotation.
+#[derive(Clone, Copy, Debug)]
+pub struct FirstSeen {
+    /// Monotonic.
+    pub at: Instant,
+    /// Wall clock.
+    pub wall: Timestamp,
 }
 
 /// Who the controller's Events say they come from.

@@ -99,8 +99,10 @@ where
 {
     move |object, ctx| {
         let key = context::key(object.as_ref());
+        let metrics = ctx.metrics.clone();
         let pass = reconcile(object, ctx);
         async move {
+            let started = std::time::Instant::now();
             let outcome = match tokio::time::timeout(RECONCILE_TIMEOUT, pass).await {
                 Ok(outcome) => outcome,
                 Err(_) => Err(Error::Timeout {
@@ -110,6 +112,10 @@ where
                 }),
             };
             tracing::debug!(%controller, object = %key, ok = outcome.is_ok(), "reconciled");
+            let requeue = outcome
+                .as_ref()
+                .is_ok_and(|action| *action != Action::await_change());
+            metrics.reconciled(controller, started.elapsed(), requeue, outcome.is_err());
             outcome
         }
         .boxed()

@@ -457,7 +457,7 @@ async fn quiet(h: &Harness) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_warm_claim_costs_four_writes() {
+async fn a_warm_claim_costs_five_writes_with_upstreams_annotations() {
     let h = Harness::start().await;
     create(&h.api(), &template("python")).await;
     create(&h.api(), &pool("pool", "python", 1)).await;
@@ -503,8 +503,30 @@ async fn a_warm_claim_costs_four_writes() {
         "API writes for one warm claim: {writes} (+ {pool_writes} pool status); breakdown: {during:?}"
     );
     assert_eq!(
-        writes, 4,
-        "claim create, adoption patch, claim status, SandboxAdopted event: {during:?}"
+        writes, 5,
+        "claim create, adoption patch, claim annotations, claim status, SandboxAdopted event: {during:?}"
+    );
+    assert_eq!(
+        during.get("patch", "extensions.agents.x-k8s.io", "sandboxclaims"),
+        1,
+        "one merge patch carries both annotations"
+    );
+    let claim_a = get(&claims, "claim-a").await.unwrap();
+    let sandbox_name = &claim_a.status.as_ref().unwrap().sandbox.name;
+    assert_ne!(sandbox_name, "claim-a", "a warm member keeps its own name");
+    assert_eq!(
+        claim_a.annotations().get("agents.x-k8s.io/sandbox-name"),
+        Some(sandbox_name)
+    );
+    let observed = claim_a
+        .annotations()
+        .get("agents.x-k8s.io/controller-first-observed-at")
+        .expect("controller-first-observed-at is written");
+    let observed: Timestamp = observed.parse().unwrap();
+    let created = claim_a.metadata.creation_timestamp.as_ref().unwrap().0;
+    assert!(
+        observed.as_second() >= created.as_second() && observed <= Timestamp::now(),
+        "first observed at {observed}, created at {created}"
     );
     assert_eq!(
         during.get("create", "extensions.agents.x-k8s.io", "sandboxclaims"),
@@ -778,6 +800,62 @@ async fn suspend_keeps_the_volume_resume_and_deleted_pods_come_back() {
         sandbox_ready,
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn suspending_a_sandbox_whose_name_a_foreign_pod_holds_reports_pod_not_owned() {
+    let h = Harness::start().await;
+    let _dump = h.dump_on_panic();
+    let sandboxes: Api<Sandbox> = h.api();
+    let pods: Api<Pod> = h.api();
+    // Someone else's pod, without our labels or an owner, holds the sandbox's name.
+    let foreign = Pod {
+        metadata: kube::api::ObjectMeta {
+            name: Some("taken".into()),
+            ..Default::default()
+        },
+        spec: Some(runtime_pod_spec()),
+        ..Default::default()
+    };
+    create(&pods, &foreign).await;
+    let mut suspended = sandbox("taken");
+    suspended.spec.operating_mode = OperatingMode::Suspended;
+    create(&sandboxes, &suspended).await;
+    let reported = wait_for(
+        "the suspended sandbox to report PodNotOwned",
+        || get(&sandboxes, "taken"),
+        |sandbox: &Sandbox| {
+            sandbox.status.as_ref().is_some_and(|s| {
+                condition_is(
+                    &s.conditions,
+                    sandbox_cond::SUSPENDED,
+                    "False",
+                    "PodNotOwned",
+                )
+            })
+        },
+    )
+    .await;
+    let status = reported.status.unwrap();
+    assert!(
+        condition_is(
+            &status.conditions,
+            sandbox_cond::READY,
+            "False",
+            "SandboxSuspended"
+        ),
+        "{:?}",
+        status.conditions
+    );
+    assert_eq!(
+        status.selector,
+        format!("{}={}", labels::SANDBOX_NAME_HASH, name_hash("taken"))
+    );
+    // The foreign pod is left alone.
+    let still = get(&pods, "taken")
+        .await
+        .expect("the foreign pod is not deleted");
+    assert!(still.metadata.deletion_timestamp.is_none());
 }
 
 async fn claim_burst(h: &Harness, prefix: &str, count: usize) {

@@ -892,6 +892,52 @@ pub fn clash_status(claim: &SandboxClaim, now: Timestamp) -> Option<SandboxClaim
     changed_status(claim, status(claim, None, Some(&problem), false, now))
 }
 
+/// The merge patch of the claim's annotations upstream's controller writes, with only the keys
+/// the claim lacks (or holds with another value); `None` when it has them all.
+///
+/// - `agents.x-k8s.io/sandbox-name`: the sandbox the claim holds, when it is not named after the
+///   claim (an adopted warm member); a cold sandbox carries the claim's name, and upstream writes
+///   nothing for it either.
+/// - `agents.x-k8s.io/controller-first-observed-at`: when this controller first saw the claim, in
+///   RFC 3339 with nanoseconds, unless `observability` is off
+///   (`--disable-claim-observability-annotations`). An existing value is never replaced.
+pub fn annotation_patch(
+    claim: &SandboxClaim,
+    sandbox: Option<&str>,
+    first_observed: Timestamp,
+    observability: bool,
+) -> Option<Value> {
+    let current = claim.metadata.annotations.as_ref();
+    let has = |key: &str| current.and_then(|all| all.get(key));
+    let mut missing = Map::new();
+    if let Some(name) = sandbox
+        && Some(name) != claim.metadata.name.as_deref()
+        && has(annotations::SANDBOX_NAME).map(String::as_str) != Some(name)
+    {
+        missing.insert(annotations::SANDBOX_NAME.to_owned(), json!(name));
+    }
+    if observability && has(annotations::CONTROLLER_FIRST_OBSERVED_AT).is_none() {
+        missing.insert(
+            annotations::CONTROLLER_FIRST_OBSERVED_AT.to_owned(),
+            json!(first_observed.to_string()),
+        );
+    }
+    (!missing.is_empty()).then(|| json!({ "metadata": { "annotations": missing } }))
+}
+
+/// When the controller first observed the claim, by its `controller-first-observed-at`
+/// annotation (written by us or by upstream's controller, also before a restart), if it holds a
+/// valid time.
+pub fn recorded_first_observed(claim: &SandboxClaim) -> Option<Timestamp> {
+    claim
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(annotations::CONTROLLER_FIRST_OBSERVED_AT)?
+        .parse()
+        .ok()
+}
+
 /// The sooner of a step's own `retry` and the claim's expiry: when the next pass must come.
 pub fn requeue_after(retry: Option<Duration>, expires_in: Option<Duration>) -> Option<Duration> {
     match (retry, expires_in) {
@@ -1646,6 +1692,50 @@ mod tests {
             panic!("adoption expected")
         };
         assert_eq!(adoptions.len(), ADOPTION_ATTEMPTS);
+    }
+
+    #[test]
+    fn annotations_upstream_writes_are_patched_once_with_only_what_is_missing() {
+        let seen: Timestamp = "2026-09-17T10:11:12.123456789Z".parse().unwrap();
+        let fresh = claim(1);
+        // A warm member keeps its own name: both annotations, in one patch.
+        assert_eq!(
+            annotation_patch(&fresh, Some("pool-abcde"), seen, true),
+            Some(json!({"metadata": {"annotations": {
+                annotations::SANDBOX_NAME: "pool-abcde",
+                annotations::CONTROLLER_FIRST_OBSERVED_AT: "2026-09-17T10:11:12.123456789Z",
+            }}}))
+        );
+        // A cold sandbox carries the claim's name: no sandbox-name; the flag drops the time.
+        assert_eq!(annotation_patch(&fresh, Some("claim-a"), seen, false), None);
+        assert_eq!(
+            annotation_patch(&fresh, None, seen, true),
+            Some(json!({"metadata": {"annotations": {
+                annotations::CONTROLLER_FIRST_OBSERVED_AT: "2026-09-17T10:11:12.123456789Z",
+            }}}))
+        );
+        // Present values stay; a stale sandbox-name is corrected; an existing time is kept.
+        let mut annotated = claim(1);
+        annotated.metadata.annotations = Some(BTreeMap::from([
+            (annotations::SANDBOX_NAME.into(), "old-member".into()),
+            (
+                annotations::CONTROLLER_FIRST_OBSERVED_AT.into(),
+                "2026-09-17T10:00:00Z".into(),
+            ),
+        ]));
+        assert_eq!(
+            annotation_patch(&annotated, Some("pool-abcde"), seen, true),
+            Some(json!({"metadata": {"annotations": {annotations::SANDBOX_NAME: "pool-abcde"}}}))
+        );
+        assert_eq!(
+            annotation_patch(&annotated, Some("old-member"), seen, true),
+            None
+        );
+        assert_eq!(
+            recorded_first_observed(&annotated),
+            Some("2026-09-17T10:00:00Z".parse().unwrap())
+        );
+        assert_eq!(recorded_first_observed(&fresh), None);
     }
 
     #[test]

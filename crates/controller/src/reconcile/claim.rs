@@ -3,8 +3,9 @@
 //! pass's one plan, and carries it out: adopt a warm member with one conditional write, build one
 //! cold, mirror the sandbox in the claim's status, or expire the claim.
 //!
-//! A warm claim costs the controller two writes (the adoption patch and the claim's status) plus
-//! the `SandboxAdopted` Event; with the client's create, four in all. See `docs/controller.md`.
+//! A warm claim costs the controller three writes (the adoption patch, the claim's annotations
+//! upstream's tools read, and the claim's status) plus the `SandboxAdopted` Event; with the
+//! client's create, five in all. See `docs/controller.md`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,14 +23,14 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 
-use crate::context::{Context, key, now};
+use crate::context::{Context, FirstSeen, key, now};
 use crate::decide::claim::{
     self as decide, Adoption, ClaimPolicy, ExpiryDelete, ExpiryWrites, MISSING_RETRY, Observed,
     Plan, Step,
 };
 use crate::decide::{is_condition_true, remaining};
 use crate::error::{Result, is_conflict, is_not_found, kube_err};
-use crate::metrics::{ClaimCreationLabels, ClaimLabels};
+use crate::metrics::{ClaimCreationLabels, ClaimLabels, CreationLabels};
 
 /// Reconciles one SandboxClaim.
 pub async fn reconcile(claim: Arc<SandboxClaim>, ctx: Arc<Context>) -> Result<Action> {
@@ -86,25 +87,34 @@ pub async fn reconcile(claim: Arc<SandboxClaim>, ctx: Arc<Context>) -> Result<Ac
         claim_events: !ctx.config.disable_claim_events,
     };
     let plan = decide::plan(&observed, &policy);
-    execute(&claim, plan, first_seen, observed.now, &ctx).await
+    execute(
+        &claim,
+        plan,
+        sandbox.as_ref(),
+        first_seen,
+        observed.now,
+        &ctx,
+    )
+    .await
 }
 
 /// Carries out the pass's plan.
 async fn execute(
     claim: &SandboxClaim,
     plan: Plan<'_>,
-    first_seen: Instant,
+    sandbox: Option<&Sandbox>,
+    first_seen: FirstSeen,
     now: Timestamp,
     ctx: &Context,
 ) -> Result<Action> {
     let retry = match plan.step {
         Step::Report { status, retry } => {
-            write_status(claim, status, ctx).await?;
+            record(claim, status, sandbox, first_seen, ctx).await?;
             retry
         }
         Step::Hold { sandbox, status } => {
-            write_status(claim, status, ctx).await?;
-            record_ready(claim, sandbox, first_seen, ctx);
+            record(claim, status, Some(sandbox), first_seen, ctx).await?;
+            record_ready(claim, sandbox, first_seen.at, ctx);
             None
         }
         Step::Wait(after) => Some(after),
@@ -116,7 +126,7 @@ async fn execute(
             sandbox,
             template,
             note,
-        } => create_cold(claim, &sandbox, &template, note, now, ctx).await?,
+        } => create_cold(claim, &sandbox, &template, note, first_seen, now, ctx).await?,
         Step::Expire(expiry) => {
             expire(claim, expiry, ctx).await?;
             return Ok(Action::await_change());
@@ -184,7 +194,7 @@ async fn adopt_first(
     claim: &SandboxClaim,
     adoptions: &[Adoption<'_>],
     template: &str,
-    first_seen: Instant,
+    first_seen: FirstSeen,
     now: Timestamp,
     ctx: &Context,
 ) -> Result<Option<Duration>> {
@@ -199,9 +209,14 @@ async fn adopt_first(
             "Adopt",
             adoption.note.clone(),
         );
-        write_status(claim, decide::held_status(claim, &adopted, now), ctx).await?;
-        count_creation(claim, template, labels::LAUNCH_TYPE_WARM, ctx);
-        record_ready(claim, &adopted, first_seen, ctx);
+        let status = decide::held_status(claim, &adopted, now);
+        record(claim, status, Some(&adopted), first_seen, ctx).await?;
+        let ready = adopted
+            .status
+            .as_ref()
+            .is_some_and(|status| is_condition_true(&status.conditions, claim_cond::READY));
+        count_creation(claim, template, labels::LAUNCH_TYPE_WARM, ready, ctx);
+        record_ready(claim, &adopted, first_seen.at, ctx);
         return Ok(None);
     }
     // Every candidate went to a concurrent claim: look again at once with fresh caches.
@@ -247,6 +262,7 @@ async fn create_cold(
     desired: &Sandbox,
     template: &str,
     note: String,
+    first_seen: FirstSeen,
     now: Timestamp,
     ctx: &Context,
 ) -> Result<Option<Duration>> {
@@ -277,8 +293,9 @@ async fn create_cold(
         "Provision",
         note,
     );
-    count_creation(claim, template, labels::LAUNCH_TYPE_COLD, ctx);
-    write_status(claim, decide::held_status(claim, &sandbox, now), ctx).await?;
+    count_creation(claim, template, labels::LAUNCH_TYPE_COLD, false, ctx);
+    let status = decide::held_status(claim, &sandbox, now);
+    record(claim, status, Some(&sandbox), first_seen, ctx).await?;
     Ok(None)
 }
 
@@ -336,6 +353,57 @@ async fn expire(claim: &SandboxClaim, expiry: ExpiryWrites, ctx: &Context) -> Re
     }
 }
 
+/// Writes the claim's status when the plan says it changed and, at the same time, the
+/// annotations upstream's controller writes when the claim lacks them
+/// ([`decide::annotation_patch`]): the two requests go out together, so the annotations add no
+/// latency to the claim's readiness.
+async fn record(
+    claim: &SandboxClaim,
+    status: Option<SandboxClaimStatus>,
+    sandbox: Option<&Sandbox>,
+    first_seen: FirstSeen,
+    ctx: &Context,
+) -> Result<()> {
+    let uid = claim.metadata.uid.clone().unwrap_or_default();
+    let patch = if ctx.recently_annotated(&uid) {
+        None
+    } else {
+        let first_observed = decide::recorded_first_observed(claim).unwrap_or(first_seen.wall);
+        decide::annotation_patch(
+            claim,
+            sandbox.and_then(|sandbox| sandbox.metadata.name.as_deref()),
+            first_observed,
+            ctx.config.claim_observability_annotations,
+        )
+    };
+    let Some(patch) = patch else {
+        return write_status(claim, status, ctx).await;
+    };
+    let annotate = async {
+        let namespace = claim.namespace().unwrap_or_default();
+        let name = claim.name_any();
+        let api: Api<SandboxClaim> = Api::namespaced(ctx.client.clone(), &namespace);
+        match api
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {
+                ctx.remember_annotated(&uid);
+                Ok(())
+            }
+            Err(error) if is_not_found(&error) => Ok(()),
+            Err(error) => Err(kube_err(
+                "annotate",
+                kinds::SANDBOX_CLAIM,
+                &namespace,
+                &name,
+            )(error)),
+        }
+    };
+    let (annotated, written) = tokio::join!(annotate, write_status(claim, status, ctx));
+    annotated.and(written)
+}
+
 /// Writes the claim's status when the plan says it changed.
 async fn write_status(
     claim: &SandboxClaim,
@@ -348,7 +416,14 @@ async fn write_status(
     }
 }
 
-fn count_creation(claim: &SandboxClaim, template: &str, launch_type: &str, ctx: &Context) {
+/// Counts a claim that got a sandbox; `ready` when that sandbox was Ready as it got it.
+fn count_creation(
+    claim: &SandboxClaim,
+    template: &str,
+    launch_type: &str,
+    ready: bool,
+    ctx: &Context,
+) {
     ctx.metrics
         .claim_creation
         .get_or_create(&ClaimCreationLabels {
@@ -356,6 +431,7 @@ fn count_creation(claim: &SandboxClaim, template: &str, launch_type: &str, ctx: 
             sandbox_template: template.to_owned(),
             launch_type: launch_type.to_owned(),
             warmpool_name: claim.spec.warm_pool_ref.name.clone(),
+            pod_condition: if ready { "ready" } else { "not_ready" },
             created_by: crate::decide::normalize_created_by(
                 claim
                     .labels()
@@ -380,11 +456,19 @@ fn record_ready(claim: &SandboxClaim, sandbox: &Sandbox, first_seen: Instant, ct
     if !ready || already {
         return;
     }
-    let client_latency = claim
-        .annotations()
-        .get(annotations::CLIENT_FIRST_REQUESTED_AT)
-        .and_then(|at| at.parse::<Timestamp>().ok())
-        .and_then(|at| remaining(Timestamp::now(), at));
+    let now = Timestamp::now();
+    let since = |key: &str| {
+        claim
+            .annotations()
+            .get(key)
+            .and_then(|at| at.parse::<Timestamp>().ok())
+            .and_then(|at| remaining(now, at))
+    };
+    let client_latency = since(annotations::CLIENT_FIRST_REQUESTED_AT);
+    let webhook_latency = since(annotations::WEBHOOK_FIRST_OBSERVED_AT);
+    let controller_latency = decide::recorded_first_observed(claim)
+        .and_then(|at| remaining(now, at))
+        .unwrap_or_else(|| first_seen.elapsed());
     let labels = ClaimLabels {
         launch_type: sandbox
             .labels()
@@ -397,7 +481,27 @@ fn record_ready(claim: &SandboxClaim, sandbox: &Sandbox, first_seen: Instant, ct
             .cloned()
             .unwrap_or_default(),
     };
+    // The sandbox's own creation latency, as upstream measures it: from its creation to its
+    // Ready condition's transition (whole seconds, as the API keeps them).
+    let sandbox_ready_at = sandbox
+        .status
+        .as_ref()
+        .and_then(|status| crate::decide::find_condition(&status.conditions, claim_cond::READY))
+        .map(|ready| ready.last_transition_time.0);
+    if let (Some(ready_at), Some(created)) =
+        (sandbox_ready_at, &sandbox.metadata.creation_timestamp)
+        && let Ok(latency) = Duration::try_from(ready_at.duration_since(created.0))
+    {
+        ctx.metrics.sandbox_ready(
+            CreationLabels {
+                namespace: sandbox.namespace().unwrap_or_default(),
+                launch_type: labels.launch_type.clone(),
+                sandbox_template: labels.sandbox_template.clone(),
+            },
+            latency,
+        );
+    }
     ctx.metrics
-        .claim_ready(labels, first_seen.elapsed(), client_latency);
+        .claim_ready(labels, controller_latency, webhook_latency, client_latency);
     ctx.forget_claim(claim.metadata.uid.as_deref().unwrap_or_default());
 }

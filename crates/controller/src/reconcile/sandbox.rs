@@ -296,6 +296,16 @@ async fn reconcile_pod(sandbox: &Sandbox, ctx: &Context) -> Result<Option<Pod>, 
     };
 
     if sandbox.spec.operating_mode == OperatingMode::Suspended {
+        if pod.is_none() {
+            // The cache holds labelled pods only: a pod of the sandbox's name that someone else
+            // created (unlabelled) is read from the API, so that the status says the name is
+            // taken (`PodNotOwned`) instead of `PodTerminated`. A read, not a write, and only
+            // for a suspended sandbox without a pod.
+            pod = api
+                .get_opt(&name)
+                .await
+                .map_err(|e| PodError::Lookup(kube_err("get", "Pod", &namespace, &name)(e)))?;
+        }
         if let Some(existing) = &pod
             && ownership(
                 &existing.metadata,
