@@ -430,6 +430,9 @@ impl Controllers {
         if crate::workloads::watches(key) {
             crate::workloads::sync_namespace(&self.objects, namespace);
         }
+        if crate::gateway::watches(key) {
+            crate::gateway::sync(&self.objects);
+        }
         if *key == pods_key() || *key == services_key() {
             self.sync_endpoints(namespace);
         } else if *key == StorageKey::new("", "persistentvolumeclaims")
@@ -448,6 +451,7 @@ impl Controllers {
 
     /// Re-examines everything (after missed events).
     pub(crate) fn resync(&self) {
+        crate::gateway::sync(&self.objects);
         let (namespaces, _) = self.objects.store.list(&namespaces_key(), None);
         for namespace in namespaces {
             self.on_namespace(&namespace);

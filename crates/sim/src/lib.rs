@@ -11,7 +11,7 @@
 //!   [`jsonpath`], [`events`], [`protobuf`]: the pure pieces they use;
 //! - [`scheduler`]: binding pods to the node; [`gc`]: ownerReference garbage collection;
 //!   [`controllers`]: EndpointSlices, namespace lifecycle, PVC binding; [`workloads`]: the
-//!   Deployment and ReplicaSet controllers.
+//!   Deployment and ReplicaSet controllers; [`gateway`]: Gateway and HTTPRoute status.
 //!
 //! The sim is a test harness and a playground, never a production target; `docs/sim.md` lists
 //! every way it differs from a real cluster.
@@ -26,6 +26,7 @@ mod apply;
 mod controllers;
 mod error;
 mod events;
+mod gateway;
 mod gc;
 mod jsonpath;
 mod logs;

@@ -385,6 +385,37 @@ pub(crate) fn builtins() -> Vec<ResourceInfo> {
             true,
             B::Unstructured,
         ),
+        // HTTPRoutes of upstream's manifests are v1beta1; both versions share one collection.
+        builtin(
+            "gateway.networking.k8s.io",
+            "v1beta1",
+            "gateways",
+            "Gateway",
+            true,
+            &["gtw"],
+            true,
+            B::Unstructured,
+        ),
+        builtin(
+            "gateway.networking.k8s.io",
+            "v1beta1",
+            "httproutes",
+            "HTTPRoute",
+            true,
+            &[],
+            true,
+            B::Unstructured,
+        ),
+        builtin(
+            "gateway.networking.k8s.io",
+            "v1beta1",
+            "gatewayclasses",
+            "GatewayClass",
+            false,
+            &["gc"],
+            true,
+            B::Unstructured,
+        ),
     ];
     // `kubectl get all` lists the kinds in the `all` category.
     for info in &mut list {

@@ -860,3 +860,82 @@ async fn upstreams_router_deployment_applies_and_rolls_out() {
     }
     assert_eq!(left.trim(), "", "left behind");
 }
+
+#[tokio::test]
+async fn upstreams_gateway_manifest_gets_an_address_and_an_accepted_v1beta1_route() {
+    require_kubectl!();
+    let Some(manifest) =
+        upstream_file("clients/python/agentic-sandbox-client/gateway-kind/gateway-kind.yaml")
+    else {
+        return;
+    };
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let kubectl = Kubectl::new(&sim);
+    let applied = kubectl
+        .ok(&["apply", "--server-side", "-f", manifest.to_str().unwrap()])
+        .await;
+    assert_eq!(
+        applied.lines().collect::<Vec<_>>(),
+        [
+            "gateway.gateway.networking.k8s.io/kind-gateway serverside-applied",
+            "httproute.gateway.networking.k8s.io/sandbox-router-route serverside-applied"
+        ]
+    );
+    kubectl
+        .ok(&[
+            "wait",
+            "--for=condition=Programmed",
+            "gateway/kind-gateway",
+            "--timeout=30s",
+        ])
+        .await;
+    let gateway = kubectl
+        .ok(&[
+            "get",
+            "gateway",
+            "kind-gateway",
+            "-o",
+            "jsonpath={.status.addresses[0].type} {.status.addresses[0].value} {.status.listeners[0].attachedRoutes}",
+        ])
+        .await;
+    let fields: Vec<&str> = gateway.split(' ').collect();
+    assert_eq!(fields[0], "IPAddress", "{gateway}");
+    assert!(fields[1].parse::<std::net::Ipv4Addr>().is_ok(), "{gateway}");
+    assert_eq!(fields[2], "1", "{gateway}");
+    // The route is served in both versions; its backend Service does not exist yet.
+    let route_status = |version: &'static str| {
+        let kubectl = &kubectl;
+        async move {
+            kubectl
+                .ok(&[
+                    "get",
+                    &format!("httproutes.{version}.gateway.networking.k8s.io"),
+                    "sandbox-router-route",
+                    "-o",
+                    "jsonpath={.apiVersion} {range .status.parents[0].conditions[*]}{.type}={.status}/{.reason} {end}",
+                ])
+                .await
+        }
+    };
+    assert_eq!(
+        route_status("v1beta1").await.trim(),
+        "gateway.networking.k8s.io/v1beta1 Accepted=True/Accepted ResolvedRefs=False/BackendNotFound"
+    );
+    let service = "apiVersion: v1\nkind: Service\nmetadata:\n  name: sandbox-router-svc\nspec:\n  ports:\n  - port: 8080\n";
+    let created = kubectl
+        .run_with_input(&["create", "-f", "-"], Some(service))
+        .await;
+    assert!(created.status.success(), "{created:?}");
+    let mut resolved = String::new();
+    for _ in 0..100 {
+        resolved = route_status("v1").await;
+        if resolved.contains("ResolvedRefs=True") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        resolved.trim(),
+        "gateway.networking.k8s.io/v1 Accepted=True/Accepted ResolvedRefs=True/ResolvedRefs"
+    );
+}
