@@ -136,11 +136,18 @@ pub struct ClaimedSandbox {
     /// IPs of its pod.
     #[serde(rename = "podIPs", default, skip_serializing_if = "Vec::is_empty")]
     pub pod_ips: Vec<String>,
+    /// The Sandbox's `status.serviceFQDN`, mirrored as upstream 1.0 mirrors it.
+    #[serde(
+        rename = "serviceFQDN",
+        default,
+        skip_serializing_if = "String::is_empty"
+    )]
+    pub service_fqdn: String,
 }
 
 impl ClaimedSandbox {
     /// True when no sandbox is recorded.
     pub fn is_empty(&self) -> bool {
-        self.name.is_empty() && self.pod_ips.is_empty()
+        self.name.is_empty() && self.pod_ips.is_empty() && self.service_fqdn.is_empty()
     }
 }

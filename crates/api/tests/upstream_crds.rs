@@ -109,14 +109,8 @@ fn pool_conditions(difference: &Difference) -> bool {
         && difference.path == "sandboxwarmpools.extensions.agents.x-k8s.io status.conditions"
 }
 
-fn claim_service_fqdn(difference: &Difference) -> bool {
-    difference.keyword == "property"
-        && difference.ours.is_none()
-        && difference.path == "sandboxclaims.extensions.agents.x-k8s.io status.sandbox.serviceFQDN"
-}
-
 /// Every difference we keep, each also listed in docs/controller.md.
-const DELIBERATE: [Deliberate; 5] = [
+const DELIBERATE: [Deliberate; 4] = [
     Deliberate {
         what: "int32 fields carry int32's range",
         why: "the API server does not enforce `format: int32`; without bounds it stores \
@@ -140,12 +134,6 @@ const DELIBERATE: [Deliberate; 5] = [
         what: "SandboxWarmPool status has conditions",
         why: "our `Capped` condition reports a pool held below `spec.replicas`",
         matches: pool_conditions,
-    },
-    Deliberate {
-        what: "SandboxClaim status.sandbox has no serviceFQDN yet",
-        why: "upstream 1.0 mirrors the sandbox's serviceFQDN into the claim; our controller does \
-              not mirror it yet, so the field is left out rather than never written",
-        matches: claim_service_fqdn,
     },
 ];
 

@@ -713,6 +713,11 @@ pub fn status(
                     .as_ref()
                     .map(|s| s.pod_ips.clone())
                     .unwrap_or_default(),
+                service_fqdn: sandbox
+                    .status
+                    .as_ref()
+                    .map(|s| s.service_fqdn.clone())
+                    .unwrap_or_default(),
             };
         }
         None => {
@@ -1573,13 +1578,15 @@ mod tests {
 
     #[test]
     fn status_mirrors_the_sandbox() {
-        let m = warm("pool-x1", 10, true);
+        let mut m = warm("pool-x1", 10, true);
+        m.status.as_mut().unwrap().service_fqdn = "pool-x1.default.svc.cluster.local".into();
         let s = status(&claim(0), Some(&m), None, false, now());
         assert_eq!(
             s.sandbox,
             ClaimedSandbox {
                 name: "pool-x1".into(),
-                pod_ips: vec!["127.1.2.3".into()]
+                pod_ips: vec!["127.1.2.3".into()],
+                service_fqdn: "pool-x1.default.svc.cluster.local".into(),
             }
         );
         let ready = find_condition(&s.conditions, claim_cond::READY).unwrap();
