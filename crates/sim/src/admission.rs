@@ -200,6 +200,29 @@ pub(crate) fn admit(
     Ok(Admitted { object, warnings })
 }
 
+/// Checks the CRD schema's CEL rules (`x-kubernetes-validations`) of an admitted custom resource,
+/// with the stored object as `oldSelf` on updates.
+pub(crate) fn check_rules(
+    info: &ResourceInfo,
+    object: &Value,
+    old: Option<&Value>,
+) -> ApiResult<()> {
+    let Some(schema_props) = &info.schema else {
+        return Ok(());
+    };
+    let causes = crate::validation_rules::check(schema_props, object, old);
+    if causes.is_empty() {
+        return Ok(());
+    }
+    Err(ApiError::invalid(
+        &info.group,
+        &info.kind,
+        &info.plural,
+        meta::name(object),
+        causes,
+    ))
+}
+
 /// Drops (or under `Strict` rejects) the unknown fields of a server-side apply configuration,
 /// which is partial and so is not validated or defaulted here.
 pub(crate) fn prune_config(

@@ -8,7 +8,8 @@
 //! - [`api`]: HTTP routing, discovery, Table output, watches; [`logs`] and [`portforward`]:
 //!   the pod subresources the kubelet serves (called in process); [`ops`] and [`store`]: object
 //!   semantics, storage, watch history; [`admission`], [`apply`], [`patch`], [`selector`],
-//!   [`jsonpath`], [`events`], [`protobuf`]: the pure pieces they use;
+//!   [`jsonpath`], [`events`], [`protobuf`], [`validation_rules`] (CEL): the pure pieces they
+//!   use;
 //! - [`scheduler`]: binding pods to the node; [`gc`]: ownerReference garbage collection;
 //!   [`controllers`]: EndpointSlices, namespace lifecycle, PVC binding; [`workloads`]: the
 //!   Deployment and ReplicaSet controllers; [`gateway`]: Gateway and HTTPRoute status.
@@ -41,6 +42,7 @@ mod scheduler;
 mod selector;
 mod store;
 pub mod test_support;
+mod validation_rules;
 mod workloads;
 
 use std::net::SocketAddr;

@@ -400,6 +400,7 @@ impl ApiObjects {
         options: &WriteOptions,
     ) -> ApiResult<Written> {
         let admitted = admission::admit(info, object, options.validation)?;
+        admission::check_rules(info, &admitted.object, None)?;
         let mut object = admitted.object;
         let name = meta::name(&object).to_owned();
         let lists = |path: &[String]| info.list_type(path);
@@ -924,6 +925,7 @@ impl ApiObjects {
             }
         }
         let admitted = admission::admit(info, desired, options.validation)?;
+        admission::check_rules(info, &admitted.object, Some(current))?;
         let mut new = admitted.object;
         if !matches!(subresource, Subresource::Status | Subresource::Finalize) {
             admission::validate_update(info, current, &new)?;
@@ -1055,6 +1057,7 @@ impl ApiObjects {
                 }
             }
             let admitted = admission::admit(info, object, options.validation)?;
+            admission::check_rules(info, &admitted.object, None)?;
             warnings.extend(admitted.warnings);
             let mut object = admitted.object;
             {

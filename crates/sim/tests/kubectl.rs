@@ -939,3 +939,123 @@ async fn upstreams_gateway_manifest_gets_an_address_and_an_accepted_v1beta1_rout
         "gateway.networking.k8s.io/v1 Accepted=True/Accepted ResolvedRefs=True/ResolvedRefs"
     );
 }
+
+/// A CRD of this test's own with CEL rules: one on create and update, one transition rule in
+/// the shape of upstream's immutable `volumeClaimTemplates`.
+const WIDGET_CRD: &str = r#"apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: widgets.example.com
+spec:
+  group: example.com
+  scope: Namespaced
+  names: {plural: widgets, singular: widget, kind: Widget}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    subresources: {status: {}}
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec:
+            type: object
+            properties:
+              min: {type: integer}
+              max: {type: integer}
+              claims:
+                type: array
+                items: {type: string}
+                x-kubernetes-list-type: atomic
+            x-kubernetes-validations:
+            - rule: self.min <= self.max
+              message: min must not exceed max
+            - rule: has(self.claims) == has(oldSelf.claims) && (!has(self.claims) || self.claims == oldSelf.claims)
+              message: claims is immutable
+          status:
+            type: object
+            properties:
+              note: {type: string}
+"#;
+
+#[tokio::test]
+async fn kubectl_writes_are_checked_against_crd_validation_rules() {
+    require_kubectl!();
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    let kubectl = Kubectl::new(&sim);
+    let applied = kubectl
+        .run_with_input(&["apply", "--server-side", "-f", "-"], Some(WIDGET_CRD))
+        .await;
+    assert!(applied.status.success(), "{applied:?}");
+    kubectl
+        .ok(&[
+            "wait",
+            "--for=condition=Established",
+            "crd/widgets.example.com",
+        ])
+        .await;
+    let widget = |min: i64, claims: &str| {
+        format!(
+            "apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: w\nspec:\n  min: {min}\n  max: 5\n  claims: {claims}\n"
+        )
+    };
+    let refused = kubectl
+        .run_with_input(&["create", "-f", "-"], Some(&widget(9, "[a]")))
+        .await;
+    assert_eq!(
+        String::from_utf8_lossy(&refused.stderr).trim(),
+        "The Widget \"w\" is invalid: spec: Invalid value: \"object\": min must not exceed max"
+    );
+    let created = kubectl
+        .run_with_input(
+            &["apply", "--server-side", "-f", "-"],
+            Some(&widget(1, "[a]")),
+        )
+        .await;
+    assert!(created.status.success(), "{created:?}");
+    // A change that keeps the claims is an update the transition rule allows.
+    let raised = kubectl
+        .run_with_input(
+            &["apply", "--server-side", "-f", "-"],
+            Some(&widget(2, "[a]")),
+        )
+        .await;
+    assert!(raised.status.success(), "{raised:?}");
+    let changed = kubectl
+        .run_with_input(
+            &["apply", "--server-side", "-f", "-"],
+            Some(&widget(2, "[b]")),
+        )
+        .await;
+    assert!(!changed.status.success());
+    assert!(
+        String::from_utf8_lossy(&changed.stderr)
+            .contains("spec: Invalid value: \"object\": claims is immutable"),
+        "{}",
+        String::from_utf8_lossy(&changed.stderr)
+    );
+    // A status write leaves spec as it is: its rules are not checked again.
+    let patched = kubectl
+        .ok(&[
+            "patch",
+            "widget",
+            "w",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"note":"fine"}}"#,
+        ])
+        .await;
+    assert!(patched.contains("patched"), "{patched}");
+    let stored = kubectl
+        .ok(&[
+            "get",
+            "widget",
+            "w",
+            "-o",
+            "jsonpath={.spec.min} {.spec.claims} {.status.note}",
+        ])
+        .await;
+    assert_eq!(stored, r#"2 ["a"] fine"#);
+}
