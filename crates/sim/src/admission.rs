@@ -5,6 +5,9 @@
 
 use agent_sandbox_api::names::{is_dns_label, is_dns_subdomain, is_label_value};
 use agent_sandbox_api::schema::{self, FieldErrorKind};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    JSONSchemaProps, JSONSchemaPropsOrArray, JSONSchemaPropsOrBool,
+};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
@@ -33,6 +36,38 @@ impl FieldValidation {
             Some("Strict") => Self::Strict,
             _ => Self::Warn,
         }
+    }
+}
+
+/// Drops the object fields set to `null` whose schema is not `nullable`, as the API server does
+/// for custom resources before defaulting (`image: null` in a pod template is left out, not
+/// refused). Nulls inside lists are kept (and fail validation), as there.
+fn drop_null_fields(schema: &JSONSchemaProps, value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            let properties = schema.properties.as_ref();
+            let values = match &schema.additional_properties {
+                Some(JSONSchemaPropsOrBool::Schema(values)) => Some(values.as_ref()),
+                _ => None,
+            };
+            map.retain(|key, child| {
+                let child_schema = properties.and_then(|p| p.get(key)).or(values);
+                !child.is_null() || child_schema.is_some_and(|s| s.nullable == Some(true))
+            });
+            for (key, child) in map.iter_mut() {
+                if let Some(child_schema) = properties.and_then(|p| p.get(key)).or(values) {
+                    drop_null_fields(child_schema, child);
+                }
+            }
+        }
+        Value::Array(items) => {
+            if let Some(JSONSchemaPropsOrArray::Schema(item_schema)) = &schema.items {
+                for item in items {
+                    drop_null_fields(item_schema, item);
+                }
+            }
+        }
+        _ => {}
     }
 }
 
@@ -145,6 +180,7 @@ pub(crate) fn admit(
         object = decoded;
     }
     if let Some(schema_props) = &info.schema {
+        drop_null_fields(schema_props, &mut object);
         let errors = schema::validate(schema_props, &object);
         unknown.extend(
             errors
@@ -237,6 +273,7 @@ pub(crate) fn prune_config(
         config = decoded;
     }
     if let Some(schema_props) = &info.schema {
+        drop_null_fields(schema_props, &mut config);
         unknown.extend(
             schema::validate(schema_props, &config)
                 .into_iter()
@@ -881,6 +918,35 @@ mod tests {
             "{}",
             invalid.message
         );
+    }
+
+    #[test]
+    fn null_fields_are_dropped_unless_nullable() {
+        let sandboxes = info("agents.x-k8s.io", "sandboxes");
+        let sandbox = json!({"metadata": {"name": "s", "labels": null},
+            "spec": {"podTemplate": {"spec": {"containers": [{"name": "c", "image": null}]}}}});
+        let admitted = admit(&sandboxes, sandbox.clone(), FieldValidation::Strict).unwrap();
+        assert_eq!(
+            admitted.object["spec"]["podTemplate"]["spec"]["containers"],
+            json!([{"name": "c"}])
+        );
+        let (config, warnings) =
+            prune_config(&sandboxes, sandbox, FieldValidation::Strict).unwrap();
+        assert!(warnings.is_empty());
+        assert_eq!(
+            config["spec"]["podTemplate"]["spec"]["containers"],
+            json!([{"name": "c"}])
+        );
+        let schema: JSONSchemaProps = serde_json::from_value(json!({
+            "type": "object",
+            "properties": {"a": {"type": "string", "nullable": true}, "b": {"type": "string"},
+                           "list": {"type": "array", "items": {"type": "object",
+                                    "properties": {"c": {"type": "string"}}}}}
+        }))
+        .unwrap();
+        let mut value = json!({"a": null, "b": null, "list": [{"c": null}, null]});
+        drop_null_fields(&schema, &mut value);
+        assert_eq!(value, json!({"a": null, "list": [{}, null]}));
     }
 
     #[test]

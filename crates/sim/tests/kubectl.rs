@@ -227,6 +227,29 @@ async fn kubectl_gets_sandboxes_and_scales_warm_pools() {
     assert_eq!(replicas, "3");
     let short = kubectl.ok(&["get", "sandbox", "sb1", "-o", "name"]).await;
     assert_eq!(short.trim(), "sandbox.agents.x-k8s.io/sb1");
+    // A null for a field that is not nullable is dropped, not refused, by apply and create alike.
+    for (verb, name) in [("apply", "sb2"), ("create", "sb3")] {
+        let manifest = format!(
+            "apiVersion: agents.x-k8s.io/v1beta1\nkind: Sandbox\nmetadata:\n  name: {name}\nspec:\n  podTemplate:\n    spec:\n      containers:\n      - name: c\n        image: null\n"
+        );
+        let args: &[&str] = if verb == "apply" {
+            &["apply", "--server-side", "-f", "-"]
+        } else {
+            &["create", "-f", "-"]
+        };
+        let written = kubectl.run_with_input(args, Some(&manifest)).await;
+        assert!(written.status.success(), "{verb}: {written:?}");
+        let container = kubectl
+            .ok(&[
+                "get",
+                "sandbox",
+                name,
+                "-o",
+                "jsonpath={.spec.podTemplate.spec.containers[0]}",
+            ])
+            .await;
+        assert_eq!(container, r#"{"name":"c"}"#, "{verb}");
+    }
 }
 
 #[tokio::test]
