@@ -869,7 +869,11 @@ impl ApiObjects {
                 let mut object = desired;
                 // A Namespace's finalizers change only through `finalize`.
                 if info.builtin == Builtin::Namespace
-                    && let Some(spec) = object.get_mut("spec").and_then(Value::as_object_mut)
+                    && let Some(map) = object.as_object_mut()
+                    && let Some(spec) = map
+                        .entry("spec")
+                        .or_insert_with(|| json!({}))
+                        .as_object_mut()
                 {
                     match current.pointer("/spec/finalizers") {
                         Some(finalizers) => spec.insert("finalizers".into(), finalizers.clone()),

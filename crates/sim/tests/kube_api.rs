@@ -691,6 +691,53 @@ async fn deleting_a_namespace_removes_its_content() {
 }
 
 #[tokio::test]
+async fn another_namespace_finalizer_holds_it_until_removed_through_finalize() {
+    let sim = sim(Isolation::None).await;
+    let namespaces: Api<Namespace> = Api::all(sim.client().unwrap());
+    let ns: Namespace = serde_json::from_value(
+        json!({"metadata": {"name": "held"}, "spec": {"finalizers": ["example.com/hold"]}}),
+    )
+    .unwrap();
+    let created = namespaces
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+    let finalizers = |ns: &Namespace| ns.spec.as_ref().and_then(|s| s.finalizers.clone());
+    assert_eq!(
+        finalizers(&created),
+        Some(vec!["example.com/hold".to_owned(), "kubernetes".to_owned()])
+    );
+    // A plain update does not change them: only `finalize` does.
+    let mut edited = created.clone();
+    edited.spec = None;
+    let updated = namespaces
+        .replace("held", &PostParams::default(), &edited)
+        .await
+        .unwrap();
+    assert_eq!(finalizers(&updated), finalizers(&created));
+    namespaces
+        .delete("held", &DeleteParams::default())
+        .await
+        .unwrap();
+    let terminating = eventually("the kubernetes finalizer to go", || async {
+        let ns = namespaces.get("held").await.unwrap();
+        (finalizers(&ns) == Some(vec!["example.com/hold".to_owned()])).then_some(ns)
+    })
+    .await;
+    assert_eq!(
+        terminating.status.and_then(|s| s.phase).as_deref(),
+        Some("Terminating")
+    );
+    let mut released = namespaces.get("held").await.unwrap();
+    released.spec = Some(Default::default());
+    namespaces
+        .replace_subresource("finalize", "held", &PostParams::default(), &released)
+        .await
+        .unwrap();
+    assert!(namespaces.get_opt("held").await.unwrap().is_none());
+}
+
+#[tokio::test]
 async fn request_counters_count_writes_per_verb_and_resource() {
     let sim = sim(Isolation::None).await;
     let api: Api<ConfigMap> = Api::default_namespaced(sim.client().unwrap());
