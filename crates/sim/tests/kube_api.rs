@@ -738,6 +738,49 @@ async fn another_namespace_finalizer_holds_it_until_removed_through_finalize() {
 }
 
 #[tokio::test]
+async fn our_sandbox_crd_keeps_volume_claim_templates_immutable() {
+    let sim = sim(Isolation::None).await;
+    let sandboxes: Api<Sandbox> = Api::default_namespaced(sim.client().unwrap());
+    let sandbox: Sandbox = serde_json::from_value(json!({
+        "apiVersion": agent_sandbox_api::API_VERSION, "kind": "Sandbox",
+        "metadata": {"name": "with-claims"},
+        "spec": {"podTemplate": {"spec": {"containers": [{"name": "c", "image": "busybox"}]}},
+                 "volumeClaimTemplates": [{"metadata": {"name": "data"},
+                                           "spec": {"accessModes": ["ReadWriteOnce"],
+                                                    "resources": {"requests": {"storage": "1Gi"}}}}]}
+    }))
+    .unwrap();
+    sandboxes
+        .create(&PostParams::default(), &sandbox)
+        .await
+        .unwrap();
+    let patch = |body: serde_json::Value| {
+        let sandboxes = sandboxes.clone();
+        async move {
+            sandboxes
+                .patch("with-claims", &PatchParams::default(), &Patch::Merge(body))
+                .await
+        }
+    };
+    // Other fields of spec may change.
+    patch(json!({"spec": {"operatingMode": "Suspended"}}))
+        .await
+        .unwrap();
+    let error = patch(json!({"spec": {"volumeClaimTemplates": []}}))
+        .await
+        .unwrap_err();
+    let status = api_error(error);
+    assert_eq!(status.code, 422);
+    assert!(
+        status
+            .message
+            .ends_with("spec: Invalid value: \"object\": volumeClaimTemplates is immutable"),
+        "{}",
+        status.message
+    );
+}
+
+#[tokio::test]
 async fn request_counters_count_writes_per_verb_and_resource() {
     let sim = sim(Isolation::None).await;
     let api: Api<ConfigMap> = Api::default_namespaced(sim.client().unwrap());
