@@ -2,8 +2,8 @@
 //! decoded to the JSON the rest of the sim works on (sans IO).
 //!
 //! client-go's typed clients send protobuf for built-in kinds, so `kubectl create namespace`,
-//! `kubectl create configmap`, `kubectl create secret` and `kubectl create serviceaccount` write
-//! in this encoding, and client-go does not retry in JSON when refused (its 415 fallback is for
+//! `kubectl create configmap`, `kubectl create secret`, `kubectl create serviceaccount` and
+//! `kubectl create service` write in this encoding, and client-go does not retry in JSON when refused (its 415 fallback is for
 //! CBOR only). The body is the four bytes `k8s\0` followed by a `runtime.Unknown` message: the
 //! object's `apiVersion` and `kind`, and the object's own message in `raw`.
 //!
@@ -34,7 +34,12 @@ enum Kind {
     Int,
     /// A non-pointer integer, always written: zero is left out, as `omitempty` does.
     Count,
+    /// A pointer boolean: kept as sent.
     Bool,
+    /// A non-pointer boolean, always written: false is left out, as `omitempty` does.
+    Flag,
+    /// `intstr.IntOrString`: a number or a string, by its `type`.
+    IntOrString,
     /// `meta/v1.Time`: a message of seconds and nanoseconds, shown as RFC 3339.
     Time,
     /// Bytes holding JSON (`FieldsV1`'s `Raw`).
@@ -173,6 +178,83 @@ const SERVICE_ACCOUNT: &[Field] = &[
     one(4, "automountServiceAccountToken", Kind::Bool),
 ];
 
+const SERVICE_PORT: &[Field] = &[
+    one(1, "name", Kind::String),
+    one(2, "protocol", Kind::String),
+    one(6, "appProtocol", Kind::String),
+    one(3, "port", Kind::Count),
+    one(4, "targetPort", Kind::IntOrString),
+    one(5, "nodePort", Kind::Count),
+];
+const SERVICE_SPEC: &[Field] = &[
+    many(1, "ports", Kind::Message(SERVICE_PORT)),
+    one(2, "selector", Kind::StringMap),
+    one(3, "clusterIP", Kind::String),
+    many(18, "clusterIPs", Kind::String),
+    one(4, "type", Kind::String),
+    many(5, "externalIPs", Kind::String),
+    one(7, "sessionAffinity", Kind::String),
+    one(8, "loadBalancerIP", Kind::String),
+    many(9, "loadBalancerSourceRanges", Kind::String),
+    one(10, "externalName", Kind::String),
+    one(11, "externalTrafficPolicy", Kind::String),
+    one(12, "healthCheckNodePort", Kind::Count),
+    one(13, "publishNotReadyAddresses", Kind::Flag),
+    one(
+        14,
+        "sessionAffinityConfig",
+        Kind::Message(&[one(
+            1,
+            "clientIP",
+            Kind::Message(&[one(1, "timeoutSeconds", Kind::Int)]),
+        )]),
+    ),
+    many(19, "ipFamilies", Kind::String),
+    one(17, "ipFamilyPolicy", Kind::String),
+    one(20, "allocateLoadBalancerNodePorts", Kind::Bool),
+    one(21, "loadBalancerClass", Kind::String),
+    one(22, "internalTrafficPolicy", Kind::String),
+    one(23, "trafficDistribution", Kind::String),
+];
+const CONDITION: &[Field] = &[
+    one(1, "type", Kind::String),
+    one(2, "status", Kind::String),
+    one(3, "observedGeneration", Kind::Count),
+    one(4, "lastTransitionTime", Kind::Time),
+    one(5, "reason", Kind::String),
+    one(6, "message", Kind::String),
+];
+const LOAD_BALANCER_INGRESS: &[Field] = &[
+    one(1, "ip", Kind::String),
+    one(2, "hostname", Kind::String),
+    one(3, "ipMode", Kind::String),
+    many(
+        4,
+        "ports",
+        Kind::Message(&[
+            one(1, "port", Kind::Count),
+            one(2, "protocol", Kind::String),
+            one(3, "error", Kind::String),
+        ]),
+    ),
+];
+const SERVICE: &[Field] = &[
+    one(1, "metadata", Kind::Message(OBJECT_META)),
+    one(2, "spec", Kind::Message(SERVICE_SPEC)),
+    one(
+        3,
+        "status",
+        Kind::Message(&[
+            one(
+                1,
+                "loadBalancer",
+                Kind::Message(&[many(1, "ingress", Kind::Message(LOAD_BALANCER_INGRESS))]),
+            ),
+            many(2, "conditions", Kind::Message(CONDITION)),
+        ]),
+    ),
+];
+
 /// The kinds whose messages are described, by `apiVersion` and `kind`.
 fn descriptor(api_version: &str, kind: &str) -> Option<&'static [Field]> {
     Some(match (api_version, kind) {
@@ -180,6 +262,7 @@ fn descriptor(api_version: &str, kind: &str) -> Option<&'static [Field]> {
         ("v1", "ConfigMap") => CONFIG_MAP,
         ("v1", "Secret") => SECRET,
         ("v1", "ServiceAccount") => SERVICE_ACCOUNT,
+        ("v1", "Service") => SERVICE,
         _ => return None,
     })
 }
@@ -293,6 +376,26 @@ fn time(bytes: &[u8]) -> ApiResult<Option<String>> {
     Ok(Some(crate::meta::format_time(stamp)))
 }
 
+fn int_or_string(bytes: &[u8]) -> ApiResult<Value> {
+    let mut reader = Reader { bytes };
+    let (mut is_string, mut number, mut text_value) = (false, 0i64, String::new());
+    while let Some((field, wire)) = reader.field()? {
+        // Varints carry two's-complement int32 values.
+        #[allow(clippy::cast_possible_wrap)]
+        match (field, wire) {
+            (1, Wire::Varint(kind)) => is_string = kind == 1,
+            (2, Wire::Varint(v)) => number = i64::from(v as i32),
+            (3, Wire::Bytes(b)) => text_value = text(b)?,
+            _ => {}
+        }
+    }
+    Ok(if is_string {
+        json!(text_value)
+    } else {
+        json!(number)
+    })
+}
+
 /// One value of `kind`, or `None` when it is the zero value JSON leaves out.
 fn value(kind: Kind, wire: Wire<'_>) -> ApiResult<Option<Value>> {
     fn bytes(wire: Wire<'_>) -> ApiResult<&[u8]> {
@@ -324,6 +427,12 @@ fn value(kind: Kind, wire: Wire<'_>) -> ApiResult<Option<Value>> {
             Wire::Varint(v) => Some(json!(v as i64)),
             _ => return Err(malformed("an integer field has another wire type")),
         },
+        Kind::Flag => match wire {
+            Wire::Varint(0) => None,
+            Wire::Varint(_) => Some(json!(true)),
+            _ => return Err(malformed("a boolean field has another wire type")),
+        },
+        Kind::IntOrString => Some(int_or_string(bytes(wire)?)?),
         Kind::Bool => match wire {
             Wire::Varint(v) => Some(json!(v != 0)),
             _ => return Err(malformed("a boolean field has another wire type")),
@@ -408,7 +517,7 @@ pub(crate) fn decode(body: &[u8]) -> ApiResult<Value> {
     }
     let fields = descriptor(api_version, kind).ok_or_else(|| {
         ApiError::unsupported_media_type(format!(
-            "the sim decodes {CONTENT_TYPE} bodies of v1 Namespace, ConfigMap, Secret and ServiceAccount only, not {api_version} {kind} - accepted media types include: application/json, application/yaml"
+            "the sim decodes {CONTENT_TYPE} bodies of v1 Namespace, ConfigMap, Secret, ServiceAccount and Service only, not {api_version} {kind} - accepted media types include: application/json, application/yaml"
         ))
     })?;
     // `raw` was decoded as base64 text like any bytes field; take it from the wire again.
@@ -464,6 +573,30 @@ mod tests {
             object,
             json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"},
                    "spec": {}, "status": {}})
+        );
+    }
+
+    /// The body kubectl 1.37.2 sends for
+    /// `kubectl create service clusterip web -n x --tcp=8080:http --tcp=9090`.
+    const CREATE_SERVICE: &str = "6b3873000a0d0a027631120753657276696365128b010a200a0377656212
+        001a017822002a003200380042005a0a0a03617070120377656212630a21
+        0a09383038302d68747470120354435018903f220a080110001a04687474
+        7028000a190a04393039301203544350188247220708001082471a002800
+        120a0a0361707012037765621a002209436c757374657249503a00420052
+        005a00600068001a020a001a002200";
+
+    #[test]
+    fn kubectls_create_service_body_decodes_with_ports_and_target_ports() {
+        let object = decode(&hex(CREATE_SERVICE)).unwrap();
+        assert_eq!(
+            object,
+            json!({"apiVersion": "v1", "kind": "Service",
+                   "metadata": {"name": "web", "namespace": "x", "labels": {"app": "web"}},
+                   "spec": {"ports": [
+                                {"name": "8080-http", "protocol": "TCP", "port": 8080, "targetPort": "http"},
+                                {"name": "9090", "protocol": "TCP", "port": 9090, "targetPort": 9090}],
+                            "selector": {"app": "web"}, "type": "ClusterIP"},
+                   "status": {"loadBalancer": {}}})
         );
     }
 

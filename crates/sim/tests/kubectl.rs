@@ -944,11 +944,16 @@ async fn upstreams_gateway_manifest_gets_an_address_and_an_accepted_v1beta1_rout
         route_status("v1beta1").await.trim(),
         "gateway.networking.k8s.io/v1beta1 Accepted=True/Accepted ResolvedRefs=False/BackendNotFound"
     );
-    let service = "apiVersion: v1\nkind: Service\nmetadata:\n  name: sandbox-router-svc\nspec:\n  ports:\n  - port: 8080\n";
-    let created = kubectl
-        .run_with_input(&["create", "-f", "-"], Some(service))
+    // Sent as protobuf by kubectl.
+    kubectl
+        .ok(&[
+            "create",
+            "service",
+            "clusterip",
+            "sandbox-router-svc",
+            "--tcp=8080:8080",
+        ])
         .await;
-    assert!(created.status.success(), "{created:?}");
     let mut resolved = String::new();
     for _ in 0..100 {
         resolved = route_status("v1").await;
