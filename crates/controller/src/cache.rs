@@ -30,6 +30,9 @@ use crate::lenient::{Lenient, Undecodable};
 
 /// How many kinds are watched (each counts once towards readiness).
 const KINDS: usize = 7;
+/// How many of them only the claim, pool and template controllers read (not watched with
+/// upstream's `--extensions=false`).
+const EXTENSION_KINDS: usize = 4;
 
 /// How many changes a slow consumer may lag behind before the watch waits for it.
 const CONSUMER_BUFFER: usize = 4096;
@@ -364,15 +367,29 @@ fn strip_pod(pod: &mut Pod) {
     });
 }
 
-/// Starts every watch, returning the read handles and the subscriptions.
+/// An empty store and subscriptions that never yield, for a kind that is not watched.
+fn unwatched<K, const N: usize>() -> (Store<K>, [Changes<K>; N])
+where
+    K: Resource<DynamicType = ()> + Clone + Send + 'static,
+{
+    let store = kube::runtime::reflector::store::Writer::<K>::default().as_reader();
+    let never = || futures::stream::empty().boxed();
+    (store, std::array::from_fn(|_| never()))
+}
+
+/// Starts every watch (without `extensions`, those of the Sandbox controller only), returning
+/// the read handles and the subscriptions.
 pub fn start(
     client: &Client,
     namespace: Option<&str>,
+    extensions: bool,
     tasks: &mut JoinSet<()>,
 ) -> (Caches, Subscriptions) {
     let labelled = watcher::Config::default().labels(labels::SANDBOX_NAME_HASH);
     let all = watcher::Config::default();
-    let (synced, synced_rx) = tokio::sync::watch::channel(0_usize);
+    // Kinds left unwatched count as synced from the start.
+    let unwatched_kinds = if extensions { 0 } else { EXTENSION_KINDS };
+    let (synced, synced_rx) = tokio::sync::watch::channel(unwatched_kinds);
     let watch = Watch {
         synced: std::sync::Arc::new(synced),
         recorder: Recorder::new(client.clone(), crate::context::reporter()),
@@ -399,34 +416,50 @@ pub fn start(
         strip_managed_fields,
         &watch,
     );
-    let (claims, [claims_sub, claims_for_pool]) = spawn_watch(
-        tasks,
-        api::<SandboxClaim>(client, namespace),
-        all.clone(),
-        strip_managed_fields,
-        &watch,
-    );
-    let (pools, [pool1, pool2]) = spawn_watch(
-        tasks,
-        api::<SandboxWarmPool>(client, namespace),
-        all.clone(),
-        strip_managed_fields,
-        &watch,
-    );
-    let (templates, [t1, t2, t3]) = spawn_watch(
-        tasks,
-        api::<SandboxTemplate>(client, namespace),
-        all.clone(),
-        strip_managed_fields,
-        &watch,
-    );
-    let (policies, [policies_sub]) = spawn_watch(
-        tasks,
-        api::<NetworkPolicy>(client, namespace),
-        all,
-        strip_managed_fields,
-        &watch,
-    );
+    let (claims, [claims_sub, claims_for_pool]) = if extensions {
+        spawn_watch(
+            tasks,
+            api::<SandboxClaim>(client, namespace),
+            all.clone(),
+            strip_managed_fields,
+            &watch,
+        )
+    } else {
+        unwatched()
+    };
+    let (pools, [pool1, pool2]) = if extensions {
+        spawn_watch(
+            tasks,
+            api::<SandboxWarmPool>(client, namespace),
+            all.clone(),
+            strip_managed_fields,
+            &watch,
+        )
+    } else {
+        unwatched()
+    };
+    let (templates, [t1, t2, t3]) = if extensions {
+        spawn_watch(
+            tasks,
+            api::<SandboxTemplate>(client, namespace),
+            all.clone(),
+            strip_managed_fields,
+            &watch,
+        )
+    } else {
+        unwatched()
+    };
+    let (policies, [policies_sub]) = if extensions {
+        spawn_watch(
+            tasks,
+            api::<NetworkPolicy>(client, namespace),
+            all,
+            strip_managed_fields,
+            &watch,
+        )
+    } else {
+        unwatched()
+    };
 
     (
         Caches {

@@ -82,8 +82,9 @@ pub struct Args {
     /// Cluster domain used in `status.serviceFQDN`.
     #[arg(long, env = "SANDBOX_CONTROLLER_CLUSTER_DOMAIN", default_value = wire::DEFAULT_CLUSTER_DOMAIN)]
     pub cluster_domain: String,
-    /// Upstream's switch of its claim, pool and template controllers; this controller always runs
-    /// all four, so only `=false` is noted (at startup, as having no effect).
+    /// Run the SandboxClaim, SandboxWarmPool and SandboxTemplate controllers besides the Sandbox
+    /// one (default: true here, unlike upstream; `--extensions=false` runs the Sandbox controller
+    /// alone, as upstream does without the flag).
     #[arg(long = controller_flags::EXTENSIONS, num_args = 0..=1, require_equals = true,
         default_missing_value = "true", value_parser = parse_bool)]
     pub extensions: Option<bool>,
@@ -370,8 +371,6 @@ pub struct Startup {
     pub api_rate_limit: Option<ApiRateLimit>,
     /// Upstream's flags that were given and have no effect here, as `--name` (sorted).
     pub no_effect: Vec<String>,
-    /// `--extensions=false` was given (this controller runs the extension controllers anyway).
-    pub extensions_off: bool,
 }
 
 /// client-go's QPS when `QPS` is 0.
@@ -425,7 +424,6 @@ impl Args {
                 .filter(|path| !path.as_os_str().is_empty()),
             api_rate_limit,
             no_effect,
-            extensions_off: self.extensions == Some(false),
             config: self.into_config()?,
         })
     }
@@ -619,6 +617,9 @@ pub struct Config {
     pub claim_observability_annotations: bool,
     /// Concurrent reconciles per controller.
     pub workers: Workers,
+    /// Whether the claim, pool and template controllers run (upstream's `--extensions`); the
+    /// Sandbox controller always does.
+    pub extensions: bool,
 }
 
 impl Default for Config {
@@ -647,6 +648,7 @@ impl Default for Config {
             disable_claim_events: false,
             claim_observability_annotations: true,
             workers: Workers::default(),
+            extensions: true,
         }
     }
 }
@@ -763,6 +765,7 @@ impl Args {
             disable_claim_events: self.disable_claim_events,
             claim_observability_annotations: !self.disable_claim_observability_annotations,
             workers,
+            extensions: self.extensions.unwrap_or(true),
         })
     }
 }
@@ -910,7 +913,7 @@ mod tests {
         ])
         .unwrap();
         assert!(startup.config.warm_pool_safe_to_evict);
-        assert!(!startup.extensions_off);
+        assert!(startup.config.extensions);
         // The next argument is never its value: `false` is left over, and refused.
         let error = go(&["--leader-elect", "false"]).unwrap_err();
         assert!(error.contains("false"), "{error}");
@@ -1038,9 +1041,16 @@ mod tests {
                 "{args:?}"
             );
         }
-        assert!(go(&["--extensions=false"]).unwrap().extensions_off);
-        assert!(!go(&["--extensions"]).unwrap().extensions_off);
-        assert!(!go(&[]).unwrap().extensions_off);
+        // Upstream's meaning when given; ours (all four controllers) when not.
+        for (args, want) in [
+            (&["--extensions=false"][..], false),
+            (&["-extensions=0"][..], false),
+            (&["--extensions"][..], true),
+            (&["--extensions=true"][..], true),
+            (&[][..], true),
+        ] {
+            assert_eq!(go(args).unwrap().config.extensions, want, "{args:?}");
+        }
     }
 
     #[test]

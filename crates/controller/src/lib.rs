@@ -38,14 +38,19 @@ pub use context::Context;
 pub use error::{Error, ErrorClass, Result};
 pub use reconcile::Reconciler;
 
-/// Checks that the four CRDs are installed, with an error that says how to install them.
+/// Checks that the four CRDs are installed (without `extensions`, the Sandbox CRD), with an
+/// error that says how to install them.
 ///
 /// Through API discovery (`/apis/{group}/{version}`), which every authenticated client may read,
 /// rather than by reading the CRDs: upstream's ClusterRoles, which our image runs under when
 /// deployed with upstream's manifests, grant nothing on CustomResourceDefinitions. A kind is
 /// listed there once its CRD is established.
-pub async fn check_crds(client: &Client) -> Result<()> {
-    for crd in agent_sandbox_api::crds::all() {
+pub async fn check_crds(client: &Client, extensions: bool) -> Result<()> {
+    let core_group = Sandbox::group(&());
+    for crd in agent_sandbox_api::crds::all()
+        .into_iter()
+        .filter(|crd| extensions || crd.spec.group == core_group)
+    {
         let name = crd.name_any();
         let Some(version) = crd.spec.versions.iter().find(|version| version.served) else {
             continue;
@@ -153,7 +158,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
     let shutdown: ShutdownSignal = shutdown.boxed().shared();
-    check_crds(&client).await?;
+    check_crds(&client, config.extensions).await?;
 
     let mut tasks: JoinSet<()> = JoinSet::new();
     let readiness = http::Readiness::default();
@@ -180,7 +185,12 @@ pub async fn run(
         }
     }
 
-    let (caches, subs) = cache::start(&client, config.namespace.as_deref(), &mut tasks);
+    let (caches, subs) = cache::start(
+        &client,
+        config.namespace.as_deref(),
+        config.extensions,
+        &mut tasks,
+    );
     let metrics = metrics::Metrics::new(caches.clone());
     if let Some(addr) = config.metrics_addr {
         let listener = http::bind(addr, "metrics").await?;
@@ -191,6 +201,7 @@ pub async fn run(
         ));
     }
     let workers = config.workers;
+    let extensions = config.extensions;
     let ctx = Arc::new(Context::new(
         client.clone(),
         config,
@@ -331,6 +342,14 @@ pub async fn run(
         .map(quiet)
         .boxed();
 
+    // Upstream's `--extensions=false`: the Sandbox controller alone (the others' caches are not
+    // watched either).
+    let (templates, pools, claims) = if extensions {
+        (templates, pools, claims)
+    } else {
+        let off = || futures::stream::empty().boxed();
+        (off(), off(), off())
+    };
     let controllers = futures::future::join4(
         drain(sandboxes),
         drain(templates),

@@ -62,10 +62,10 @@ async fn main() -> ExitCode {
             "upstream's flags accepted with no effect: this controller has no counterpart to them"
         );
     }
-    if startup.extensions_off {
-        tracing::warn!(
-            "--extensions=false has no effect: this controller always runs the SandboxClaim, \
-             SandboxWarmPool and SandboxTemplate controllers besides the Sandbox one"
+    if !startup.config.extensions {
+        tracing::info!(
+            "--extensions=false: the Sandbox controller alone; no SandboxClaim, SandboxWarmPool \
+             or SandboxTemplate controller"
         );
     }
     tracing::info!(
@@ -131,19 +131,24 @@ fn init_tracing(logging: &Logging) {
     }
 }
 
-/// Resolves on SIGTERM or Ctrl-C.
-async fn shutdown_signal() {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
+/// Resolves on SIGTERM or Ctrl-C. The SIGTERM handler is installed at the call, not at the first
+/// poll, so that a SIGTERM during startup (before the controller looks at this future) is not
+/// the default action's abrupt death.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
+    let terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate());
+    async move {
+        let terminate = async {
+            match terminate {
+                Ok(mut signal) => {
+                    signal.recv().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
             }
-            Err(_) => std::future::pending::<()>().await,
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            () = terminate => {}
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = terminate => {}
+        tracing::info!("shutting down");
     }
-    tracing::info!("shutting down");
 }
