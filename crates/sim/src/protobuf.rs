@@ -40,6 +40,8 @@ enum Kind {
     Flag,
     /// `intstr.IntOrString`: a number or a string, by its `type`.
     IntOrString,
+    /// Read and dropped (a status the API server discards on create anyway).
+    Ignore,
     /// `meta/v1.Time`: a message of seconds and nanoseconds, shown as RFC 3339.
     Time,
     /// Bytes holding JSON (`FieldsV1`'s `Raw`).
@@ -255,6 +257,97 @@ const SERVICE: &[Field] = &[
     ),
 ];
 
+const LABEL_SELECTOR: &[Field] = &[
+    one(1, "matchLabels", Kind::StringMap),
+    many(
+        2,
+        "matchExpressions",
+        Kind::Message(&[
+            one(1, "key", Kind::String),
+            one(2, "operator", Kind::String),
+            many(3, "values", Kind::String),
+        ]),
+    ),
+];
+/// The part of a container `kubectl create deployment` writes; a body setting anything else
+/// is refused (see [`message`]).
+const CONTAINER: &[Field] = &[
+    one(1, "name", Kind::String),
+    one(2, "image", Kind::String),
+    many(3, "command", Kind::String),
+    many(4, "args", Kind::String),
+    one(5, "workingDir", Kind::String),
+    many(
+        6,
+        "ports",
+        Kind::Message(&[
+            one(1, "name", Kind::String),
+            one(2, "hostPort", Kind::Count),
+            one(3, "containerPort", Kind::Count),
+            one(4, "protocol", Kind::String),
+            one(5, "hostIP", Kind::String),
+        ]),
+    ),
+    many(
+        7,
+        "env",
+        Kind::Message(&[one(1, "name", Kind::String), one(2, "value", Kind::String)]),
+    ),
+    one(13, "terminationMessagePath", Kind::String),
+    one(20, "terminationMessagePolicy", Kind::String),
+    one(14, "imagePullPolicy", Kind::String),
+];
+/// Likewise the part of a pod spec.
+const POD_SPEC: &[Field] = &[
+    many(2, "containers", Kind::Message(CONTAINER)),
+    many(20, "initContainers", Kind::Message(CONTAINER)),
+    one(3, "restartPolicy", Kind::String),
+    one(4, "terminationGracePeriodSeconds", Kind::Int),
+    one(6, "dnsPolicy", Kind::String),
+    one(7, "nodeSelector", Kind::StringMap),
+    one(8, "serviceAccountName", Kind::String),
+    one(19, "schedulerName", Kind::String),
+];
+const DEPLOYMENT: &[Field] = &[
+    one(1, "metadata", Kind::Message(OBJECT_META)),
+    one(
+        2,
+        "spec",
+        Kind::Message(&[
+            one(1, "replicas", Kind::Int),
+            one(2, "selector", Kind::Message(LABEL_SELECTOR)),
+            one(
+                3,
+                "template",
+                Kind::Message(&[
+                    one(1, "metadata", Kind::Message(OBJECT_META)),
+                    one(2, "spec", Kind::Message(POD_SPEC)),
+                ]),
+            ),
+            one(
+                4,
+                "strategy",
+                Kind::Message(&[
+                    one(1, "type", Kind::String),
+                    one(
+                        2,
+                        "rollingUpdate",
+                        Kind::Message(&[
+                            one(1, "maxUnavailable", Kind::IntOrString),
+                            one(2, "maxSurge", Kind::IntOrString),
+                        ]),
+                    ),
+                ]),
+            ),
+            one(5, "minReadySeconds", Kind::Count),
+            one(6, "revisionHistoryLimit", Kind::Int),
+            one(7, "paused", Kind::Flag),
+            one(9, "progressDeadlineSeconds", Kind::Int),
+        ]),
+    ),
+    one(3, "status", Kind::Ignore),
+];
+
 /// The kinds whose messages are described, by `apiVersion` and `kind`.
 fn descriptor(api_version: &str, kind: &str) -> Option<&'static [Field]> {
     Some(match (api_version, kind) {
@@ -263,6 +356,7 @@ fn descriptor(api_version: &str, kind: &str) -> Option<&'static [Field]> {
         ("v1", "Secret") => SECRET,
         ("v1", "ServiceAccount") => SERVICE_ACCOUNT,
         ("v1", "Service") => SERVICE,
+        ("apps/v1", "Deployment") => DEPLOYMENT,
         _ => return None,
     })
 }
@@ -433,6 +527,7 @@ fn value(kind: Kind, wire: Wire<'_>) -> ApiResult<Option<Value>> {
             _ => return Err(malformed("a boolean field has another wire type")),
         },
         Kind::IntOrString => Some(int_or_string(bytes(wire)?)?),
+        Kind::Ignore => None,
         Kind::Bool => match wire {
             Wire::Varint(v) => Some(json!(v != 0)),
             _ => return Err(malformed("a boolean field has another wire type")),
@@ -443,13 +538,39 @@ fn value(kind: Kind, wire: Wire<'_>) -> ApiResult<Option<Value>> {
     })
 }
 
+/// Whether a field holds its type's zero value: 0, an empty string or message, or a message
+/// of zero values only.
+fn is_zero(wire: &Wire<'_>) -> bool {
+    match wire {
+        Wire::Varint(v) => *v == 0,
+        Wire::Fixed => false,
+        Wire::Bytes(bytes) => {
+            let mut reader = Reader { bytes };
+            loop {
+                match reader.field() {
+                    Ok(None) => return true,
+                    Ok(Some((_, inner))) if is_zero(&inner) => {}
+                    _ => return false,
+                }
+            }
+        }
+    }
+}
+
 /// Decodes a message with `fields` (unknown field numbers are skipped, as protobuf does).
 fn message(fields: &[Field], bytes: &[u8]) -> ApiResult<Value> {
     let mut out = Map::new();
     let mut reader = Reader { bytes };
     while let Some((number, wire)) = reader.field()? {
         let Some(field) = fields.iter().find(|f| f.number == number) else {
-            continue;
+            // Go's encoding writes every non-pointer field, set or not: an unknown field that
+            // holds its zero value says nothing; one that holds more would be lost.
+            if is_zero(&wire) {
+                continue;
+            }
+            return Err(ApiError::unsupported_media_type(format!(
+                "the sim's {CONTENT_TYPE} decoder does not know field {number} of a message in this body, which is set - send it as application/json"
+            )));
         };
         match field.kind {
             Kind::StringMap | Kind::BytesMap => {
@@ -517,7 +638,7 @@ pub(crate) fn decode(body: &[u8]) -> ApiResult<Value> {
     }
     let fields = descriptor(api_version, kind).ok_or_else(|| {
         ApiError::unsupported_media_type(format!(
-            "the sim decodes {CONTENT_TYPE} bodies of v1 Namespace, ConfigMap, Secret, ServiceAccount and Service only, not {api_version} {kind} - accepted media types include: application/json, application/yaml"
+            "the sim decodes {CONTENT_TYPE} bodies of v1 Namespace, ConfigMap, Secret, ServiceAccount and Service and apps/v1 Deployment only, not {api_version} {kind} - accepted media types include: application/json, application/yaml"
         ))
     })?;
     // `raw` was decoded as base64 text like any bytes field; take it from the wire again.
@@ -598,6 +719,49 @@ mod tests {
                             "selector": {"app": "web"}, "type": "ClusterIP"},
                    "status": {"loadBalancer": {}}})
         );
+    }
+
+    /// The body kubectl 1.37.2 sends for
+    /// `kubectl create deployment web -n x --image=busybox --replicas=2 --port=8080 -- sleep 100`.
+    const CREATE_DEPLOYMENT: &str = "6b3873000a150a07617070732f7631120a4465706c6f796d656e7412ca01
+        0a200a0377656212001a017822002a003200380042005a0a0a0361707012
+        037765621297010802120c0a0a0a0361707012037765621a7d0a1c0a0012
+        001a0022002a003200380042005a0a0a036170701203776562125d123f0a
+        0762757379626f78120762757379626f781a05736c6565701a033130302a
+        00320b0a00100018903f22002a0042006a007200800100880100900100a2
+        01001a00320042004a0052005800600068008201008a01009a0100c20100
+        22020a00280038001a0c0800100018002000280038001a002200";
+
+    #[test]
+    fn kubectls_create_deployment_body_decodes_to_its_template() {
+        let object = decode(&hex(CREATE_DEPLOYMENT)).unwrap();
+        assert_eq!(
+            object,
+            json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                   "metadata": {"name": "web", "namespace": "x", "labels": {"app": "web"}},
+                   "spec": {"replicas": 2,
+                            "selector": {"matchLabels": {"app": "web"}},
+                            "template": {"metadata": {"labels": {"app": "web"}},
+                                         "spec": {"containers": [{
+                                             "name": "busybox", "image": "busybox",
+                                             "command": ["sleep", "100"],
+                                             "ports": [{"containerPort": 8080}]}]}},
+                            "strategy": {}}})
+        );
+    }
+
+    #[test]
+    fn a_set_field_the_decoder_does_not_know_is_refused() {
+        // The Deployment body with its container's `stdin` (field 16) set to true.
+        let mut body = hex(CREATE_DEPLOYMENT);
+        let at = body
+            .windows(3)
+            .position(|w| w == [0x80, 0x01, 0x00])
+            .unwrap();
+        body[at + 2] = 1;
+        let error = decode(&body).unwrap_err();
+        assert_eq!(error.code, 415, "{}", error.message);
+        assert!(error.message.contains("field 16"), "{}", error.message);
     }
 
     #[test]

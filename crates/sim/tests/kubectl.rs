@@ -1087,3 +1087,49 @@ async fn kubectl_writes_are_checked_against_crd_validation_rules() {
         .await;
     assert_eq!(stored, r#"2 ["a"] fine"#);
 }
+
+#[tokio::test]
+async fn kubectl_create_deployment_rolls_out_and_scales() {
+    require_kubectl!();
+    let sim = Sim::start(SimConfig::default().isolation(Isolation::None))
+        .await
+        .unwrap();
+    let kubectl = Kubectl::new(&sim);
+    // Sent as protobuf by kubectl.
+    kubectl
+        .ok(&[
+            "create",
+            "deployment",
+            "hello",
+            "--image=busybox",
+            "--replicas=2",
+            "--",
+            "sleep",
+            "1000",
+        ])
+        .await;
+    let rolled = kubectl
+        .ok(&["rollout", "status", "deployment/hello", "--timeout=60s"])
+        .await;
+    assert!(rolled.contains("successfully rolled out"), "{rolled}");
+    kubectl
+        .ok(&["scale", "deployment", "hello", "--replicas=3"])
+        .await;
+    kubectl
+        .ok(&["rollout", "status", "deployment/hello", "--timeout=60s"])
+        .await;
+    let pods = kubectl
+        .ok(&["get", "pods", "-l", "app=hello", "-o", "name"])
+        .await;
+    assert_eq!(pods.lines().count(), 3, "{pods}");
+    let replicas = kubectl
+        .ok(&[
+            "get",
+            "deployment",
+            "hello",
+            "-o",
+            "jsonpath={.status.readyReplicas}/{.spec.replicas}",
+        ])
+        .await;
+    assert_eq!(replicas, "3/3");
+}
