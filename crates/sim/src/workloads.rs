@@ -1,6 +1,7 @@
 //! The Deployment and ReplicaSet controllers: a Deployment keeps one ReplicaSet per pod
 //! template (named and labelled by the template's `pod-template-hash`, owned by the
-//! Deployment) and moves replicas from the old ones to the new one; a ReplicaSet keeps the
+//! Deployment) and moves replicas from the old ones to the new one within `maxSurge` and
+//! `maxUnavailable` (or all at once with `Recreate`); a ReplicaSet keeps the
 //! number of pods it owns at `spec.replicas`. Both report status as kube-controller-manager does
 //! (`replicas`, `readyReplicas`, `availableReplicas`, `updatedReplicas`, `observedGeneration`,
 //! the `Available` and `Progressing` conditions), which is what `kubectl rollout status` reads.
@@ -246,9 +247,9 @@ fn template_hash_label(replica_set: &Value) -> &str {
         .unwrap_or_default()
 }
 
-/// What to do to the ReplicaSets of `deployment`: create the new one, grow it to the
-/// Deployment's replicas, and shrink the old ones to zero once the new one is available
-/// (`RollingUpdate`) or before the new one grows (`Recreate`).
+/// What to do to the ReplicaSets of `deployment`: create the new one and move replicas to it
+/// from the old ones, step by step within `maxSurge` and `maxUnavailable` (`RollingUpdate`), or
+/// once the old ones have no pods left (`Recreate`).
 pub(crate) fn deployment_plan(
     deployment: &Value,
     replica_sets: &[Arc<Value>],
@@ -279,9 +280,19 @@ pub(crate) fn deployment_plan(
         .and_then(Value::as_str)
         == Some("Recreate");
     let old_pods: i64 = old.iter().map(|rs| int(rs, "/status/replicas")).sum();
+    let old_spec: i64 = old.iter().map(|rs| replicas(rs)).sum();
+    let current_replicas = current.map_or(0, |rs| replicas(rs));
+    let (surge, unavailable) = fenceposts(deployment, desired);
+    let target = if recreate {
+        if old_pods == 0 { desired } else { 0 }
+    } else if current_replicas >= desired {
+        desired
+    } else {
+        // Grow while all ReplicaSets together stay within `replicas + maxSurge`.
+        let room = (desired + surge - old_spec - current_replicas).max(0);
+        (current_replicas + room).min(desired)
+    };
     let mut actions = Vec::new();
-    let grow = !recreate || old_pods == 0;
-    let target = if grow { desired } else { 0 };
     match current {
         None => {
             let mut replica_set = new_replica_set(deployment, &hash, max_revision + 1);
@@ -300,14 +311,32 @@ pub(crate) fn deployment_plan(
             }
         }
     }
-    let new_available = current.map_or(0, |rs| int(rs, "/status/availableReplicas"));
-    let new_caught_up = current.is_some_and(|rs| replicas(rs) == desired);
-    let shrink = recreate || (new_caught_up && new_available >= desired);
-    for rs in &old {
-        if shrink && replicas(rs) != 0 {
+    // Shrink the old ReplicaSets, oldest first: their unavailable pods at once, available ones
+    // while at least `replicas - maxUnavailable` pods stay available in all.
+    let available: i64 = owned
+        .iter()
+        .map(|rs| int(rs, "/status/availableReplicas"))
+        .sum();
+    let mut budget = (available - (desired - unavailable)).max(0);
+    let mut oldest_first = old.clone();
+    oldest_first.sort_by_key(|rs| revision(rs));
+    for rs in oldest_first {
+        let now = replicas(rs);
+        if now == 0 {
+            continue;
+        }
+        let target = if recreate {
+            0
+        } else {
+            let healthy = int(rs, "/status/availableReplicas").clamp(0, now);
+            let removable = budget.min(healthy);
+            budget -= removable;
+            healthy - removable
+        };
+        if target != now {
             actions.push(DeploymentAction::Scale {
                 name: meta::name(rs).to_owned(),
-                replicas: 0,
+                replicas: target,
                 revision: None,
             });
         }
@@ -345,22 +374,50 @@ fn condition(type_: &str, status: bool, reason: &str, message: String) -> Value 
            "reason": reason, "message": message})
 }
 
-/// `maxUnavailable` of a rolling update, resolved against `replicas` (percentages round down).
-fn max_unavailable(deployment: &Value, replicas: i64) -> i64 {
+/// An `IntOrString` of a rolling update resolved against `replicas`: a number, or a percentage
+/// rounded up or down; `default` (a percentage) when absent.
+fn resolve(value: Option<&Value>, replicas: i64, round_up: bool, default: i64) -> i64 {
+    let percent = |percent: i64| {
+        let scaled = replicas * percent;
+        if round_up {
+            (scaled + 99) / 100
+        } else {
+            scaled / 100
+        }
+    };
+    match value {
+        Some(Value::Number(n)) => n.as_i64().unwrap_or(0),
+        Some(Value::String(text)) => text
+            .strip_suffix('%')
+            .and_then(|p| p.parse::<i64>().ok())
+            .map_or(0, percent),
+        _ => percent(default),
+    }
+}
+
+/// `maxSurge` (rounded up) and `maxUnavailable` (rounded down) of a Deployment, as the
+/// Deployment controller resolves them (both zero makes `maxUnavailable` one; `Recreate` has
+/// neither).
+fn fenceposts(deployment: &Value, replicas: i64) -> (i64, i64) {
     if deployment
         .pointer("/spec/strategy/type")
         .and_then(Value::as_str)
         == Some("Recreate")
     {
-        return 0;
+        return (0, 0);
     }
-    match deployment.pointer("/spec/strategy/rollingUpdate/maxUnavailable") {
-        Some(Value::Number(n)) => n.as_i64().unwrap_or(0),
-        Some(Value::String(text)) => text
-            .strip_suffix('%')
-            .and_then(|p| p.parse::<i64>().ok())
-            .map_or(0, |percent| replicas * percent / 100),
-        _ => replicas / 4,
+    let rolling = deployment.pointer("/spec/strategy/rollingUpdate");
+    let surge = resolve(rolling.and_then(|r| r.get("maxSurge")), replicas, true, 25);
+    let unavailable = resolve(
+        rolling.and_then(|r| r.get("maxUnavailable")),
+        replicas,
+        false,
+        25,
+    );
+    if surge == 0 && unavailable == 0 {
+        (0, 1)
+    } else {
+        (surge, unavailable)
     }
 }
 
@@ -378,7 +435,7 @@ pub(crate) fn deployment_status(deployment: &Value, replica_sets: &[Arc<Value>])
     let ready = sum("/status/readyReplicas");
     let available = sum("/status/availableReplicas");
     let updated = current.map_or(0, |rs| int(rs, "/status/replicas"));
-    let minimum = desired - max_unavailable(deployment, desired);
+    let minimum = desired - fenceposts(deployment, desired).1;
     let available_condition = if available >= minimum {
         condition(
             "Available",
@@ -797,61 +854,107 @@ mod tests {
         );
     }
 
+    /// A ReplicaSet of `deployment` at `revision` with `spec` replicas, `available` of them
+    /// available.
+    fn set_of(deployment: &Value, revision: i64, spec: i64, available: i64) -> Arc<Value> {
+        let hash = template_hash(&deployment["spec"]["template"]);
+        let mut rs = new_replica_set(deployment, &hash, revision);
+        rs["spec"]["replicas"] = json!(spec);
+        rs["metadata"]["annotations"][DESIRED_REPLICAS] = json!(replicas(deployment).to_string());
+        stored(
+            rs,
+            &format!("rs{revision}"),
+            json!({"replicas": spec, "readyReplicas": available, "availableReplicas": available}),
+        )
+    }
+
+    fn scale(deployment: &Value, replicas: i64) -> DeploymentAction {
+        DeploymentAction::Scale {
+            name: format!("web-{}", template_hash(&deployment["spec"]["template"])),
+            replicas,
+            revision: None,
+        }
+    }
+
     #[test]
-    fn a_template_change_replaces_the_old_replica_set_once_the_new_one_is_available() {
-        let old_d = deployment("img:1", 2);
-        let old_hash = template_hash(&old_d["spec"]["template"]);
-        let mut old_rs = new_replica_set(&old_d, &old_hash, 1);
-        old_rs["spec"]["replicas"] = json!(2);
-        let old_rs = stored(
-            old_rs,
-            "rs1",
-            json!({"replicas": 2, "availableReplicas": 2}),
-        );
-        let d = deployment("img:2", 2);
-        let hash = template_hash(&d["spec"]["template"]);
-        let actions = deployment_plan(&d, std::slice::from_ref(&old_rs));
-        let [DeploymentAction::Create(new_rs)] = actions.as_slice() else {
+    fn a_template_change_rolls_replicas_over_within_surge_and_unavailability() {
+        // 4 replicas: maxSurge 25 % is 1, maxUnavailable 25 % is 1.
+        let old_d = deployment("img:1", 4);
+        let d = deployment("img:2", 4);
+        let old = |spec, available| set_of(&old_d, 1, spec, available);
+        let new = |spec, available| set_of(&d, 2, spec, available);
+        // The new ReplicaSet starts with the surge; one old pod may go at once.
+        let actions = deployment_plan(&d, &[old(4, 4)]);
+        let [DeploymentAction::Create(created), shrink] = actions.as_slice() else {
             panic!("{actions:?}");
         };
-        assert_eq!(new_rs["metadata"]["annotations"][REVISION], json!("2"));
-        // The new ReplicaSet is up but not yet available: the old one stays.
-        let mut new_rs = new_rs.clone();
-        new_rs["spec"]["replicas"] = json!(2);
-        let waiting = stored(new_rs.clone(), "rs2", json!({"replicas": 2}));
-        let sets = [old_rs.clone(), waiting];
-        assert_eq!(deployment_plan(&d, &sets), vec![]);
-        let status = deployment_status(&d, &sets);
+        assert_eq!(created["spec"]["replicas"], json!(1));
+        assert_eq!(created["metadata"]["annotations"][REVISION], json!("2"));
+        assert_eq!(shrink, &scale(&old_d, 3));
+        // Room again: the new one grows; nothing more is available, so the old one waits.
+        assert_eq!(
+            deployment_plan(&d, &[old(3, 3), new(1, 0)]),
+            vec![scale(&d, 2)]
+        );
+        let waiting = [old(3, 3), new(2, 0)];
+        assert_eq!(deployment_plan(&d, &waiting), vec![]);
+        let status = deployment_status(&d, &waiting);
         assert_eq!(status["updatedReplicas"], json!(2));
         assert_eq!(
             status["conditions"][1]["reason"],
             json!("ReplicaSetUpdated")
         );
-        // Available: the old one goes to zero.
-        let ready = stored(
-            new_rs,
-            "rs2",
-            json!({"replicas": 2, "readyReplicas": 2, "availableReplicas": 2}),
-        );
-        let sets = [old_rs, ready.clone()];
+        // New pods available: old ones go, as many as availability allows.
         assert_eq!(
-            deployment_plan(&d, &sets),
-            vec![DeploymentAction::Scale {
-                name: format!("web-{old_hash}"),
-                replicas: 0,
-                revision: None
-            }]
+            deployment_plan(&d, &[old(3, 3), new(2, 2)]),
+            vec![scale(&old_d, 1)]
         );
-        let status = deployment_status(&d, &[ready]);
         assert_eq!(
-            status,
-            json!({"observedGeneration": 2, "replicas": 2, "updatedReplicas": 2,
-                   "readyReplicas": 2, "availableReplicas": 2,
+            deployment_plan(&d, &[old(1, 1), new(2, 2)]),
+            vec![scale(&d, 4)]
+        );
+        assert_eq!(
+            deployment_plan(&d, &[old(1, 1), new(4, 4)]),
+            vec![scale(&old_d, 0)]
+        );
+        let done = [old(0, 0), new(4, 4)];
+        assert_eq!(deployment_plan(&d, &done), vec![]);
+        let hash = template_hash(&d["spec"]["template"]);
+        assert_eq!(
+            deployment_status(&d, &done),
+            json!({"observedGeneration": 2, "replicas": 4, "updatedReplicas": 4,
+                   "readyReplicas": 4, "availableReplicas": 4,
                    "conditions": [
                        {"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable",
                         "message": "Deployment has minimum availability."},
                        {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable",
                         "message": format!("ReplicaSet \"web-{hash}\" has successfully progressed.")}]})
+        );
+    }
+
+    #[test]
+    fn recreate_empties_the_old_replica_sets_before_the_new_one_grows() {
+        let mut old_d = deployment("img:1", 2);
+        old_d["spec"]["strategy"] = json!({"type": "Recreate"});
+        let mut d = old_d.clone();
+        d["spec"]["template"]["spec"]["containers"][0]["image"] = json!("img:2");
+        let actions = deployment_plan(&d, &[set_of(&old_d, 1, 2, 2)]);
+        let [DeploymentAction::Create(created), shrink] = actions.as_slice() else {
+            panic!("{actions:?}");
+        };
+        assert_eq!(created["spec"]["replicas"], json!(0));
+        assert_eq!(shrink, &scale(&old_d, 0));
+        // Old pods still terminating: the new one waits; once gone, it grows.
+        let mut terminating = (*set_of(&old_d, 1, 0, 0)).clone();
+        terminating["status"]["replicas"] = json!(1);
+        let new = set_of(&d, 2, 0, 0);
+        assert_eq!(
+            deployment_plan(&d, &[Arc::new(terminating), new.clone()]),
+            vec![]
+        );
+        assert_eq!(
+            deployment_plan(&d, &[set_of(&old_d, 1, 0, 0), new]),
+            vec![scale(&d, 2)]
         );
     }
 
