@@ -65,9 +65,58 @@ where
     out
 }
 
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+/// A listen address as Go's `net.Listen` takes it in upstream's flags: `:8080` (every IPv4
+/// address; Go's also listens on IPv6 where there is one), `host:port` with an IP, `[v6]:port` or
+/// `localhost:port`; `""` or `0` mean no listener.
+pub fn parse_bind_address(text: &str) -> Result<Option<SocketAddr>, String> {
+    let text = text.trim();
+    if text.is_empty() || text == "0" {
+        return Ok(None);
+    }
+    let (host, port) = text
+        .rsplit_once(':')
+        .ok_or_else(|| "expected host:port or :port".to_owned())?;
+    let port: u16 = port
+        .parse()
+        .map_err(|_| format!("port {port:?} is not a number from 0 to 65535"))?;
+    let ip = match host {
+        "" => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        "localhost" => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        _ => host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(host)
+            .parse()
+            .map_err(|_| format!("host {host:?} is not an IP address (or empty, or localhost)"))?,
+    };
+    Ok(Some(SocketAddr::new(ip, port)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bind_addresses_in_go_spelling() {
+        let parsed = |text| parse_bind_address(text).unwrap();
+        assert_eq!(
+            parsed(":8080"),
+            Some(SocketAddr::from(([0, 0, 0, 0], 8080)))
+        );
+        assert_eq!(
+            parsed("localhost:1"),
+            Some(SocketAddr::from(([127, 0, 0, 1], 1)))
+        );
+        assert_eq!(parsed("[::1]:9"), Some("[::1]:9".parse().unwrap()));
+        assert_eq!(parsed("10.1.2.3:80"), Some("10.1.2.3:80".parse().unwrap()));
+        assert_eq!(parsed(""), None);
+        assert_eq!(parsed("0"), None);
+        for bad in ["8080", "example.com:80", ":http", ":-1"] {
+            assert!(parse_bind_address(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn booleans_are_read_as_go_reads_them() {

@@ -65,8 +65,6 @@ pub struct Caches {
 pub(crate) struct DetachedWriters {
     /// Sandboxes.
     pub sandboxes: kube::runtime::reflector::store::Writer<Sandbox>,
-    /// Pools.
-    pub pools: kube::runtime::reflector::store::Writer<SandboxWarmPool>,
 }
 
 impl std::fmt::Debug for Caches {
@@ -85,20 +83,19 @@ impl Caches {
     pub(crate) fn detached() -> (Self, DetachedWriters) {
         use kube::runtime::reflector::store::Writer;
         let mut sandboxes = Writer::<Sandbox>::default();
-        let pools = Writer::<SandboxWarmPool>::default();
         let (_, synced) = tokio::sync::watch::channel(0);
         let caches = Caches {
             sandboxes: sandboxes.as_reader(),
             pods: Writer::<Pod>::default().as_reader(),
             services: Writer::<Service>::default().as_reader(),
             claims: Writer::<SandboxClaim>::default().as_reader(),
-            pools: pools.as_reader(),
+            pools: Writer::<SandboxWarmPool>::default().as_reader(),
             templates: Writer::<SandboxTemplate>::default().as_reader(),
             policies: Writer::<NetworkPolicy>::default().as_reader(),
             synced,
         };
         sandboxes.apply_watcher_event(&kube::runtime::watcher::Event::InitDone);
-        (caches, DetachedWriters { sandboxes, pools })
+        (caches, DetachedWriters { sandboxes })
     }
 
     /// Waits until every cache has completed its initial list.

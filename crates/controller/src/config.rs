@@ -521,19 +521,8 @@ pub fn parse_labels(text: &str) -> Result<BTreeMap<String, String>, String> {
 /// Reads a listen address: `host:port` with an IP (or `localhost`), Go's `:port` for every
 /// (IPv4) interface, or `0` (or nothing) for none.
 fn parse_addr(flag: &str, text: &str) -> Result<Option<SocketAddr>, String> {
-    if text == "0" || text.is_empty() {
-        return Ok(None);
-    }
-    let invalid =
-        || format!("invalid --{flag} {text:?}: expected host:port, :port (or 0 to disable)");
-    let spelled = match text.strip_prefix(':') {
-        Some(port) => format!("0.0.0.0:{port}"),
-        None => match text.strip_prefix("localhost:") {
-            Some(port) => format!("127.0.0.1:{port}"),
-            None => text.to_owned(),
-        },
-    };
-    spelled.parse().map(Some).map_err(|_| invalid())
+    agent_sandbox_api::go_flag::parse_bind_address(text)
+        .map_err(|reason| format!("invalid --{flag} {text:?}: {reason} (or 0 to disable)"))
 }
 
 /// Concurrent reconciles per controller.

@@ -15,11 +15,11 @@
 //! in-process users build a [`Config`] directly.
 
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use agent_sandbox_api::go_flag::parse_bool;
+use agent_sandbox_api::go_flag::{self, parse_bool};
 use agent_sandbox_api::names::is_dns_label;
 use agent_sandbox_api::token::{self, v2::VerificationKeys};
 use agent_sandbox_api::units::{parse_positive_duration, parse_size, parse_size_usize};
@@ -602,7 +602,7 @@ impl Args {
 
         let listen = match &self.go.http_bind_address {
             None => self.listen,
-            Some(text) => parse_bind_address(text)
+            Some(text) => go_flag::parse_bind_address(text)
                 .map_err(|reason| invalid("--http-bind-address", text, reason))?
                 .ok_or_else(|| {
                     invalid(
@@ -888,36 +888,12 @@ fn parse_float_seconds(text: &str) -> Option<Duration> {
     Some(Duration::try_from_secs_f64(value).map_or(max, |d| d.min(max)))
 }
 
-/// A Go listen address: `:8080` (every IPv4 address), `host:port` with an IP, `[v6]:port` or
-/// `localhost:port`; `""` or `0` mean no listener.
-pub fn parse_bind_address(text: &str) -> std::result::Result<Option<SocketAddr>, String> {
-    let text = text.trim();
-    if text.is_empty() || text == "0" {
-        return Ok(None);
-    }
-    let (host, port) = text
-        .rsplit_once(':')
-        .ok_or_else(|| "expected host:port or :port".to_owned())?;
-    let port: u16 = port
-        .parse()
-        .map_err(|_| format!("port {port:?} is not a number from 0 to 65535"))?;
-    let ip = match host {
-        "" => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-        "localhost" => IpAddr::V4(Ipv4Addr::LOCALHOST),
-        _ => host
-            .strip_prefix('[')
-            .and_then(|h| h.strip_suffix(']'))
-            .unwrap_or(host)
-            .parse()
-            .map_err(|_| format!("host {host:?} is not an IP address (or empty, or localhost)"))?,
-    };
-    Ok(Some(SocketAddr::new(ip, port)))
-}
-
 fn optional_bind(flag: &'static str, text: Option<&str>) -> Result<Option<SocketAddr>> {
     match text {
         None => Ok(None),
-        Some(text) => parse_bind_address(text).map_err(|reason| invalid(flag, text, reason)),
+        Some(text) => {
+            go_flag::parse_bind_address(text).map_err(|reason| invalid(flag, text, reason))
+        }
     }
 }
 
@@ -1323,26 +1299,6 @@ mod tests {
             error.to_string().contains("--authz-mode=scoped-token"),
             "{error}"
         );
-    }
-
-    #[test]
-    fn bind_addresses_in_go_spelling() {
-        let parsed = |text| parse_bind_address(text).unwrap();
-        assert_eq!(
-            parsed(":8080"),
-            Some(SocketAddr::from(([0, 0, 0, 0], 8080)))
-        );
-        assert_eq!(
-            parsed("localhost:1"),
-            Some(SocketAddr::from(([127, 0, 0, 1], 1)))
-        );
-        assert_eq!(parsed("[::1]:9"), Some("[::1]:9".parse().unwrap()));
-        assert_eq!(parsed("10.1.2.3:80"), Some("10.1.2.3:80".parse().unwrap()));
-        assert_eq!(parsed(""), None);
-        assert_eq!(parsed("0"), None);
-        for bad in ["8080", "example.com:80", ":http", ":-1"] {
-            assert!(parse_bind_address(bad).is_err(), "{bad}");
-        }
     }
 
     #[test]
