@@ -1,5 +1,6 @@
 //! A stand-in Gateway API implementation: every Gateway, whatever its class, is accepted and
-//! given an address, and every HTTPRoute attached to one reports its parent's acceptance and
+//! given an address (the one its spec asks for, or one already in its status, or one of its
+//! own), and every HTTPRoute attached to one reports its parent's acceptance and
 //! whether its backends exist, in the status fields a Gateway controller writes
 //! (`status.addresses`, the `Accepted` and `Programmed` conditions, per-listener status with
 //! `attachedRoutes`; a route's `status.parents`). Nothing is served at the address: the sim has no
@@ -32,8 +33,37 @@ pub(crate) fn watches(key: &StorageKey) -> bool {
     *key == gateways_key() || *key == routes_key() || *key == StorageKey::new("", "services")
 }
 
-/// The address a Gateway gets: stable for its namespace and name, in 10.97.0.0/16 (apart from
-/// Services' 10.96.0.0/16).
+/// The addresses a Gateway reports: those its spec asks for, else those already in its status
+/// (an address once given stays, and one written by whoever programs the Gateway, such as the
+/// local cluster pointing it at its router, is kept), else one of [`gateway_address`].
+fn addresses(gateway: &Value) -> Value {
+    let listed = |pointer: &str| {
+        gateway
+            .pointer(pointer)
+            .and_then(Value::as_array)
+            .filter(|list| !list.is_empty())
+            .cloned()
+    };
+    if let Some(requested) = listed("/spec/addresses") {
+        let resolved: Vec<Value> = requested
+            .into_iter()
+            .map(|mut address| {
+                if address.get("type").is_none() {
+                    address["type"] = json!("IPAddress");
+                }
+                address
+            })
+            .collect();
+        return Value::Array(resolved);
+    }
+    if let Some(current) = listed("/status/addresses") {
+        return Value::Array(current);
+    }
+    json!([{"type": "IPAddress", "value": gateway_address(gateway)}])
+}
+
+/// The address the sim gives a Gateway: stable for its namespace and name, in 10.97.0.0/16
+/// (apart from Services' 10.96.0.0/16).
 pub(crate) fn gateway_address(gateway: &Value) -> String {
     let key = format!("{}/{}", meta::namespace(gateway), meta::name(gateway));
     let hash = agent_sandbox_api::fnv1a_32(key.as_bytes());
@@ -110,7 +140,7 @@ pub(crate) fn gateway_status(gateway: &Value, routes: &[Arc<Value>]) -> Value {
         })
         .collect();
     json!({
-        "addresses": [{"type": "IPAddress", "value": gateway_address(gateway)}],
+        "addresses": addresses(gateway),
         "conditions": [
             condition("Accepted", "Accepted", "Gateway is accepted", generation),
             condition("Programmed", "Programmed", "Gateway is programmed", generation),
@@ -234,16 +264,29 @@ fn with_times(new: &mut Value, old: Option<&Value>, now: &str) {
     }
 }
 
-fn write_status(objects: &ApiObjects, key: &StorageKey, object: &Value, mut status: Value) {
-    with_times(&mut status, object.get("status"), &meta::now());
-    if object.get("status") == Some(&status) {
+/// Writes the status `desired` computes from the stored object (read inside the write, so that
+/// a status another writer just wrote is what it starts from), when it differs.
+fn write_status(
+    objects: &ApiObjects,
+    key: &StorageKey,
+    object: &Value,
+    desired: impl Fn(&Value) -> Value,
+) {
+    let now = meta::now();
+    let wanted = |stored: &Value| {
+        let mut status = desired(stored);
+        with_times(&mut status, stored.get("status"), &now);
+        status
+    };
+    if object.get("status") == Some(&wanted(object)) {
         return;
     }
     objects.mutate(key, meta::namespace(object), meta::name(object), |stored| {
+        let status = wanted(stored);
         if stored.get("status") == Some(&status) || meta::is_deleting(stored) {
             return false;
         }
-        stored["status"] = status.clone();
+        stored["status"] = status;
         true
     });
 }
@@ -258,22 +301,16 @@ pub(crate) fn sync(objects: &ApiObjects) {
         .filter(|g| !meta::is_deleting(g))
         .collect();
     for gateway in &gateways {
-        write_status(
-            objects,
-            &gateways_key(),
-            gateway,
-            gateway_status(gateway, &routes),
-        );
+        write_status(objects, &gateways_key(), gateway, |stored| {
+            gateway_status(stored, &routes)
+        });
     }
     let services = StorageKey::new("", "services");
     let exists = |namespace: &str, name: &str| store.get(&services, namespace, name).is_some();
     for route in routes.iter().filter(|r| !meta::is_deleting(r)) {
-        write_status(
-            objects,
-            &routes_key(),
-            route,
-            route_status(route, &gateways, &exists),
-        );
+        write_status(objects, &routes_key(), route, |stored| {
+            route_status(stored, &gateways, &exists)
+        });
     }
 }
 
@@ -319,6 +356,22 @@ mod tests {
             [("Accepted", "True"), ("Programmed", "True")]
         );
         assert_eq!(status["listeners"][0]["attachedRoutes"], json!(1));
+    }
+
+    #[test]
+    fn requested_and_already_reported_addresses_are_kept() {
+        let mut requested = (*gateway()).clone();
+        requested["spec"]["addresses"] = json!([{"value": "10.1.2.3"}]);
+        assert_eq!(
+            gateway_status(&requested, &[])["addresses"],
+            json!([{"type": "IPAddress", "value": "10.1.2.3"}])
+        );
+        let mut programmed = (*gateway()).clone();
+        programmed["status"] = json!({"addresses": [{"type": "IPAddress", "value": "127.1.0.9"}]});
+        assert_eq!(
+            gateway_status(&programmed, &[])["addresses"],
+            json!([{"type": "IPAddress", "value": "127.1.0.9"}])
+        );
     }
 
     #[test]
