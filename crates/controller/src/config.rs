@@ -609,6 +609,10 @@ pub struct Config {
     /// Whether the claim, pool and template controllers run (upstream's `--extensions`); the
     /// Sandbox controller always does.
     pub extensions: bool,
+    /// Whether `--extensions` was given. When it was not and only the Sandbox CRD is installed
+    /// (upstream's core-only `k8s/controller.yaml`), the Sandbox controller runs alone, as
+    /// upstream's does without the flag, instead of refusing to start.
+    pub extensions_given: bool,
 }
 
 impl Default for Config {
@@ -638,6 +642,7 @@ impl Default for Config {
             claim_observability_annotations: true,
             workers: Workers::default(),
             extensions: true,
+            extensions_given: false,
         }
     }
 }
@@ -755,6 +760,7 @@ impl Args {
             claim_observability_annotations: !self.disable_claim_observability_annotations,
             workers,
             extensions: self.extensions.unwrap_or(true),
+            extensions_given: self.extensions.is_some(),
         })
     }
 }

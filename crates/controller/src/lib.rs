@@ -158,7 +158,26 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
     let shutdown: ShutdownSignal = shutdown.boxed().shared();
-    check_crds(&client, config.extensions).await?;
+    let mut config = config;
+    match check_crds(&client, config.extensions).await {
+        // Upstream's core-only install (`k8s/controller.yaml`: the Sandbox CRD alone, no
+        // `--extensions`): run as upstream's controller does there, and say what is missing.
+        Err(Error::CrdMissing { name })
+            if config.extensions
+                && !config.extensions_given
+                && check_crds(&client, false).await.is_ok() =>
+        {
+            tracing::warn!(
+                missing = %name,
+                "only the Sandbox CRD is installed and --extensions was not given: running the \
+                 Sandbox controller alone (as upstream's does without --extensions); install \
+                 all four CRDs (deploy/crds) and restart for SandboxClaims, SandboxWarmPools and \
+                 SandboxTemplates, or pass --extensions=false to silence this"
+            );
+            config.extensions = false;
+        }
+        result => result?,
+    }
 
     let mut tasks: JoinSet<()> = JoinSet::new();
     let readiness = http::Readiness::default();

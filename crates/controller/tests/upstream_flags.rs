@@ -544,7 +544,7 @@ async fn the_api_rate_limit_paces_every_request() {
 /// and defaults"); with `--extensions=false` it runs. The check reads API discovery, which
 /// upstream's ClusterRoles do not restrict.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_the_extension_crds_it_names_the_first_missing_one() {
+async fn with_only_the_sandbox_crd_it_runs_the_sandbox_controller_alone() {
     let cluster = cluster().await;
     let client = cluster.client();
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
@@ -568,7 +568,39 @@ async fn without_the_extension_crds_it_names_the_first_missing_one() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // Upstream's core-only manifest (`k8s/controller.yaml`: no `--extensions`, the Sandbox CRD
+    // alone): the Sandbox controller runs alone and says which CRD is missing.
     let mut controller = Controller::start(&cluster, "core-only", CORE);
+    controller.wait_until_ready().await;
+    reconciles(&cluster, &controller, Runs::SandboxOnly).await;
+    let log = controller.log();
+    assert!(
+        log.contains("running the Sandbox controller alone")
+            && log.contains("sandboxtemplates.extensions.agents.x-k8s.io"),
+        "{log}"
+    );
+    let status = controller.terminate().await;
+    assert_eq!(status.code(), Some(0), "{}", controller.log());
+    let sandboxes: Api<Sandbox> = Api::namespaced(client.clone(), NS);
+    sandboxes
+        .delete("plain", &DeleteParams::default())
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while sandboxes.get_opt("plain").await.unwrap().is_some() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "Sandbox plain stays"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Asked for the extensions explicitly, it refuses to start and names the first missing CRD.
+    let mut controller = Controller::start(
+        &cluster,
+        "core-only-extensions",
+        &["--leader-elect=true", "--extensions"],
+    );
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let status = loop {
         if let Some(status) = controller.child.try_wait().unwrap() {
@@ -592,8 +624,7 @@ async fn without_the_extension_crds_it_names_the_first_missing_one() {
     );
     drop(controller);
 
-    // With `--extensions=false` added, as upstream's Helm chart passes it, the Sandbox CRD is
-    // enough.
+    // With `--extensions=false`, as upstream's Helm chart passes it, no warning either.
     let mut controller = Controller::start(
         &cluster,
         "core-only-sandboxes",
@@ -601,6 +632,13 @@ async fn without_the_extension_crds_it_names_the_first_missing_one() {
     );
     controller.wait_until_ready().await;
     reconciles(&cluster, &controller, Runs::SandboxOnly).await;
+    assert!(
+        !controller
+            .log()
+            .contains("running the Sandbox controller alone"),
+        "{}",
+        controller.log()
+    );
     let status = controller.terminate().await;
     assert_eq!(status.code(), Some(0), "{}", controller.log());
 }
