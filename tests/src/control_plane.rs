@@ -603,11 +603,10 @@ impl ControlPlane {
         let client = self.client().await?;
         let accounts: Api<ServiceAccount> = Api::namespaced(client, namespace);
         let request = TokenRequest {
-            spec: TokenRequestSpec {
-                audiences: Vec::new(),
+            spec: Some(TokenRequestSpec {
                 expiration_seconds: Some(86_400),
                 ..TokenRequestSpec::default()
-            },
+            }),
             ..TokenRequest::default()
         };
         let answer = accounts
@@ -618,7 +617,7 @@ impl ControlPlane {
             )))?;
         let token = answer
             .status
-            .map(|status| status.token)
+            .and_then(|status| status.token)
             .filter(|token| !token.is_empty())
             .ok_or_else(|| {
                 Error::Config(format!(

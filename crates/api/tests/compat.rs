@@ -67,6 +67,11 @@ fn sandbox_round_trips() {
         ShutdownPolicy::Delete
     );
     assert_eq!(sandbox.spec.blueprint.service, Some(true));
+    let group = sandbox.spec.blueprint.pod_template.spec.scheduling_group;
+    assert_eq!(
+        group.and_then(|group| group.pod_group_name).as_deref(),
+        Some("workers")
+    );
 }
 
 #[test]

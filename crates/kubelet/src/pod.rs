@@ -583,7 +583,7 @@ impl Worker {
                         error_chain(&error)
                     )
                 })?;
-            let token = answer.status.map(|s| s.token).unwrap_or_default();
+            let token = answer.status.and_then(|s| s.token).unwrap_or_default();
             tokens.insert(need.key, token);
         }
         Ok(tokens)

@@ -221,7 +221,7 @@ pub(crate) fn is_ready_pod(pod: &Pod) -> bool {
 pub(crate) fn ready_pods(slices: &[EndpointSlice]) -> Vec<String> {
     slices
         .iter()
-        .flat_map(|slice| slice.endpoints.iter())
+        .flat_map(|slice| slice.endpoints.iter().flatten())
         .filter(|endpoint| {
             let conditions = endpoint.conditions.as_ref();
             conditions.and_then(|c| c.ready).unwrap_or(true)

@@ -6,16 +6,15 @@
 //! CRDs are generated from, as controller-gen renders them: how each list merges under
 //! server-side apply (`+listType`, `+listMapKey`), which objects and maps are replaced whole
 //! (`+structType=atomic`, `+mapType=atomic`), literal `+default`s, object-reference names that
-//! are optional, the int-or-string and quantity shapes, and the fields Kubernetes 1.36 and 1.37
-//! added to or removed from the 1.35 types k8s-openapi generates.
+//! are optional, and the int-or-string and quantity shapes. The fields themselves are
+//! k8s-openapi's, generated for Kubernetes 1.37 (the workspace's `v1_37` feature), so a field
+//! upstream's CRDs have is also one our typed `PodSpec` keeps.
 //!
 //! The tables are keyed by the Kubernetes type and field name, not by a path in our CRDs: a rule
 //! for `Container.ports` applies to `containers`, `initContainers` and wherever else a `Container`
 //! is embedded. To know which Kubernetes type a node of the (inlined) CRD schema is, the CRD's
 //! root type is generated a second time without inlining, where every Kubernetes type is a named
 //! definition (`io.k8s.api.core.v1.Container`), and the two trees are walked side by side.
-
-use std::collections::BTreeMap;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     JSON, JSONSchemaProps, JSONSchemaPropsOrArray, JSONSchemaPropsOrBool,
@@ -296,6 +295,7 @@ const LISTS: &[(&str, &str, ListType)] = &[
 /// The last seven embed `LocalObjectReference` inline; controller-gen carries its
 /// `+structType=atomic` into the embedding type, so upstream's CRDs mark them too.
 const ATOMIC_TYPES: &[&str] = &[
+    "io.k8s.api.core.v1.EvictionResponder",
     "io.k8s.api.core.v1.FileKeySelector",
     "io.k8s.api.core.v1.LocalObjectReference",
     "io.k8s.api.core.v1.NodeSelector",
@@ -404,200 +404,6 @@ const QUANTITY: &str = "io.k8s.apimachinery.pkg.api.resource.Quantity";
 /// The grammar of a quantity's string form (`resource.Quantity`), as a pattern.
 const QUANTITY_PATTERN: &str = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$";
 
-/// Fields of the 1.35 types that Kubernetes 1.37 no longer has (`PodSpec.workloadRef` was
-/// replaced by `schedulingGroup` in 1.36).
-const REMOVED: &[(&str, &str)] = &[("io.k8s.api.core.v1.PodSpec", "workloadRef")];
-
-/// Builds the schema of a field k8s-openapi does not know.
-type NewField = fn() -> JSONSchemaProps;
-
-/// Fields Kubernetes 1.36 and 1.37 added to the types, which k8s-openapi's `v1_35` lacks. Their
-/// list markers come from [`LISTS`].
-const ADDED: &[(&str, &str, NewField)] = &[
-    (
-        "io.k8s.api.core.v1.PodSpec",
-        "schedulingGroup",
-        scheduling_group,
-    ),
-    (
-        "io.k8s.api.core.v1.PodSpec",
-        "evictionResponders",
-        eviction_responders,
-    ),
-    ("io.k8s.api.core.v1.GRPCAction", "mode", grpc_mode),
-    (
-        "io.k8s.api.core.v1.HTTPGetAction",
-        "protocol",
-        http_get_protocol,
-    ),
-    (
-        "io.k8s.api.core.v1.VolumeMount",
-        "bindMountOptions",
-        bind_mount_options,
-    ),
-    (
-        "io.k8s.api.core.v1.EmptyDirVolumeSource",
-        "mode",
-        empty_dir_mode,
-    ),
-    ("io.k8s.api.core.v1.KeyToPath", "user", file_user),
-    (
-        "io.k8s.api.core.v1.DownwardAPIVolumeFile",
-        "user",
-        file_user,
-    ),
-    (
-        "io.k8s.api.core.v1.ClusterTrustBundleProjection",
-        "user",
-        file_user,
-    ),
-    (
-        "io.k8s.api.core.v1.PodCertificateProjection",
-        "user",
-        file_user,
-    ),
-    (
-        "io.k8s.api.core.v1.ServiceAccountTokenProjection",
-        "user",
-        file_user,
-    ),
-    (
-        "io.k8s.api.core.v1.ConfigMapVolumeSource",
-        "defaultUser",
-        default_user,
-    ),
-    (
-        "io.k8s.api.core.v1.DownwardAPIVolumeSource",
-        "defaultUser",
-        default_user,
-    ),
-    (
-        "io.k8s.api.core.v1.ProjectedVolumeSource",
-        "defaultUser",
-        default_user,
-    ),
-    (
-        "io.k8s.api.core.v1.SecretVolumeSource",
-        "defaultUser",
-        default_user,
-    ),
-];
-
-fn typed(type_: &str, format: Option<&str>, description: &str) -> JSONSchemaProps {
-    JSONSchemaProps {
-        type_: Some(type_.to_owned()),
-        format: format.map(str::to_owned),
-        description: Some(description.to_owned()),
-        ..JSONSchemaProps::default()
-    }
-}
-
-fn scheduling_group() -> JSONSchemaProps {
-    JSONSchemaProps {
-        properties: Some(BTreeMap::from([(
-            "podGroupName".to_owned(),
-            typed(
-                "string",
-                None,
-                "Name of the PodGroup the pod is scheduled with.",
-            ),
-        )])),
-        ..typed(
-            "object",
-            None,
-            "The scheduling group the pod belongs to (Kubernetes 1.36+, gang scheduling).",
-        )
-    }
-}
-
-fn eviction_responders() -> JSONSchemaProps {
-    let responder = JSONSchemaProps {
-        properties: Some(BTreeMap::from([
-            (
-                "name".to_owned(),
-                typed("string", None, "Name of the responder."),
-            ),
-            (
-                "priority".to_owned(),
-                typed(
-                    "integer",
-                    Some("int32"),
-                    "Order in which responders are asked.",
-                ),
-            ),
-        ])),
-        required: Some(vec!["name".to_owned(), "priority".to_owned()]),
-        x_kubernetes_map_type: Some("atomic".to_owned()),
-        ..typed(
-            "object",
-            None,
-            "A party to consult before the pod is evicted.",
-        )
-    };
-    JSONSchemaProps {
-        items: Some(JSONSchemaPropsOrArray::Schema(Box::new(responder))),
-        ..typed(
-            "array",
-            None,
-            "Who is consulted before the pod is evicted (Kubernetes 1.37+).",
-        )
-    }
-}
-
-fn grpc_mode() -> JSONSchemaProps {
-    typed(
-        "string",
-        None,
-        "How the gRPC health check is made (Kubernetes 1.37+).",
-    )
-}
-
-fn http_get_protocol() -> JSONSchemaProps {
-    typed(
-        "string",
-        None,
-        "HTTP protocol version of the check (Kubernetes 1.37+).",
-    )
-}
-
-fn bind_mount_options() -> JSONSchemaProps {
-    JSONSchemaProps {
-        items: Some(JSONSchemaPropsOrArray::Schema(Box::new(JSONSchemaProps {
-            type_: Some("string".to_owned()),
-            ..JSONSchemaProps::default()
-        }))),
-        ..typed(
-            "array",
-            None,
-            "Options of the bind mount (Kubernetes 1.37+).",
-        )
-    }
-}
-
-fn empty_dir_mode() -> JSONSchemaProps {
-    typed(
-        "integer",
-        Some("int32"),
-        "Permission bits of the volume's directory (Kubernetes 1.37+).",
-    )
-}
-
-fn file_user() -> JSONSchemaProps {
-    typed(
-        "integer",
-        Some("int64"),
-        "Owner UID of the projected file (Kubernetes 1.37+).",
-    )
-}
-
-fn default_user() -> JSONSchemaProps {
-    typed(
-        "integer",
-        Some("int64"),
-        "Owner UID of the volume's files unless an item sets its own (Kubernetes 1.37+).",
-    )
-}
-
 /// The schema of `K` with every type a named definition under `$defs`, to tell which Kubernetes
 /// type each node of the inlined schema is.
 pub(super) fn shape_of<K: JsonSchema>() -> Value {
@@ -686,26 +492,10 @@ fn type_rules(name: &str, node: &mut JSONSchemaProps) {
     if NAMED_REFERENCES.contains(&name) {
         not_required.push("name");
     }
-    for &(type_name, field) in REMOVED {
-        if type_name == name {
-            if let Some(properties) = &mut node.properties {
-                properties.remove(field);
-            }
-            not_required.push(field);
-        }
-    }
     if let Some(required) = &mut node.required {
         required.retain(|field| !not_required.contains(&field.as_str()));
         if required.is_empty() {
             node.required = None;
-        }
-    }
-    for &(type_name, field, schema) in ADDED {
-        if type_name == name {
-            node.properties
-                .get_or_insert_default()
-                .entry(field.to_owned())
-                .or_insert_with(schema);
         }
     }
 }
@@ -747,8 +537,7 @@ mod tests {
     use super::*;
     use crate::{Sandbox, SandboxClaim, SandboxTemplate, SandboxWarmPool};
 
-    /// Every `(type, field)` of the generated definitions, plus the fields [`ADDED`] gives them,
-    /// and the names of the definitions.
+    /// Every `(type, field)` of the generated definitions, and the names of the definitions.
     fn known_fields() -> (BTreeSet<(String, String)>, BTreeSet<String>) {
         let (mut known, mut types) = (BTreeSet::new(), BTreeSet::new());
         for shape in [
@@ -769,9 +558,6 @@ mod tests {
                 }
             }
         }
-        for &(name, field, _) in ADDED {
-            known.insert((name.to_owned(), field.to_owned()));
-        }
         (known, types)
     }
 
@@ -784,7 +570,6 @@ mod tests {
             .map(|&(t, f, _)| (t, f))
             .chain(DEFAULTS.iter().map(|&(t, f, _)| (t, f)))
             .chain(ATOMIC_MAPS.iter().copied())
-            .chain(REMOVED.iter().copied())
             .chain(NAMED_REFERENCES.iter().map(|&t| (t, "name")));
         for (name, field) in fields {
             assert!(
@@ -794,9 +579,6 @@ mod tests {
         }
         for name in ATOMIC_TYPES.iter().chain(INT_OR_STRING_TYPES) {
             assert!(types.contains(*name), "{name} is not embedded");
-        }
-        for &(name, field, _) in ADDED {
-            assert!(types.contains(name), "{name} (for {field}) is not embedded");
         }
     }
 
