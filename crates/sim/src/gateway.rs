@@ -265,7 +265,8 @@ fn with_times(new: &mut Value, old: Option<&Value>, now: &str) {
 }
 
 /// Writes the status `desired` computes from the stored object (read inside the write, so that
-/// a status another writer just wrote is what it starts from), when it differs.
+/// a status another writer just wrote is what it starts from), when it differs. `desired` runs
+/// inside the store's write and must not use the store.
 fn write_status(
     objects: &ApiObjects,
     key: &StorageKey,
@@ -305,8 +306,15 @@ pub(crate) fn sync(objects: &ApiObjects) {
             gateway_status(stored, &routes)
         });
     }
-    let services = StorageKey::new("", "services");
-    let exists = |namespace: &str, name: &str| store.get(&services, namespace, name).is_some();
+    // Read before the writes: the status is computed inside the store's write, which must not
+    // read the store again.
+    let (services, _) = store.list(&StorageKey::new("", "services"), None);
+    let services: std::collections::BTreeSet<(String, String)> = services
+        .iter()
+        .map(|s| (meta::namespace(s).to_owned(), meta::name(s).to_owned()))
+        .collect();
+    let exists =
+        |namespace: &str, name: &str| services.contains(&(namespace.to_owned(), name.to_owned()));
     for route in routes.iter().filter(|r| !meta::is_deleting(r)) {
         write_status(objects, &routes_key(), route, |stored| {
             route_status(stored, &gateways, &exists)
