@@ -224,11 +224,12 @@ fn mac(key: &[u8], payload: &str) -> Result<HmacSha256, TokenError> {
 /// ```
 ///
 /// The signature covers the key ID, so a token cannot be pointed at another key. The target is
-/// compared in its normal form ([`Target::normalize`]): method upper-cased, path percent-escaped
-/// with upper-case hex digits and without the query. A token is valid while `now < exp`.
+/// compared in its normal form ([`v2::Target::normalize`]): method upper-cased, path
+/// percent-escaped with upper-case hex digits and without the query. A token is valid while
+/// `now < exp`.
 ///
-/// Verification keys come from a JSON key set ([`VerificationKeys::parse`]), parsed as
-/// strictly as upstream's router parses it. Private keys ([`PrivateKey`]) are 32-byte Ed25519
+/// Verification keys come from a JSON key set ([`v2::VerificationKeys::parse`]), parsed as
+/// strictly as upstream's router parses it. Private keys ([`v2::PrivateKey`]) are 32-byte Ed25519
 /// seeds, stored as unpadded base64url text; the router never needs one.
 pub mod v2 {
     use std::collections::BTreeMap;
