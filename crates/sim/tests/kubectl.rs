@@ -6,11 +6,11 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Output, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use agent_sandbox_sim::{Isolation, Sim, SimConfig};
-use common::{group_alive, http_get, runtime_binary};
+use common::{Kubectl, group_alive, http_get, runtime_binary};
 use tokio::io::AsyncWriteExt;
 
 fn workspace_root() -> PathBuf {
@@ -24,63 +24,6 @@ macro_rules! require_kubectl {
             return;
         }
     };
-}
-
-/// Runs kubectl against one sim with its own discovery cache.
-struct Kubectl {
-    kubeconfig: PathBuf,
-    cache: tempfile::TempDir,
-}
-
-impl Kubectl {
-    fn new(sim: &Sim) -> Self {
-        Self {
-            kubeconfig: sim.kubeconfig_path().to_path_buf(),
-            cache: tempfile::tempdir().unwrap(),
-        }
-    }
-
-    async fn run_with_input(&self, args: &[&str], input: Option<&str>) -> Output {
-        let mut command = tokio::process::Command::new("kubectl");
-        command
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .arg("--cache-dir")
-            .arg(self.cache.path())
-            .args(args)
-            .stdin(if input.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        let mut child = command.spawn().unwrap();
-        if let Some(input) = input {
-            let mut stdin = child.stdin.take().unwrap();
-            stdin.write_all(input.as_bytes()).await.unwrap();
-        }
-        tokio::time::timeout(Duration::from_secs(120), child.wait_with_output())
-            .await
-            .expect("kubectl finished in time")
-            .unwrap()
-    }
-
-    async fn run(&self, args: &[&str]) -> Output {
-        self.run_with_input(args, None).await
-    }
-
-    /// Runs and requires success; returns stdout.
-    async fn ok(&self, args: &[&str]) -> String {
-        let output = self.run(args).await;
-        assert!(
-            output.status.success(),
-            "kubectl {args:?} failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        String::from_utf8(output.stdout).unwrap()
-    }
 }
 
 const CRDS: [&str; 4] = [

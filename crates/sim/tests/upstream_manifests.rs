@@ -18,14 +18,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Output, Stdio};
-use std::time::Duration;
 
 use agent_sandbox_sim::{Sim, SimConfig};
 use assert_json_diff::{CompareMode, Config, assert_json_matches_no_panic};
+use common::Kubectl;
 use serde_json::Value;
-use tokio::io::AsyncWriteExt;
 
 /// Skips the test without kubectl (reported as skipped; a failure under `CI=true`).
 macro_rules! require_kubectl {
@@ -82,58 +82,6 @@ fn workspace_root() -> PathBuf {
 
 fn data_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/upstream-manifests/v1.0.3")
-}
-
-/// Runs kubectl against one sim with its own discovery cache.
-struct Kubectl {
-    kubeconfig: PathBuf,
-    cache: tempfile::TempDir,
-}
-
-impl Kubectl {
-    fn new(sim: &Sim) -> Self {
-        Self {
-            kubeconfig: sim.kubeconfig_path().to_path_buf(),
-            cache: tempfile::tempdir().unwrap(),
-        }
-    }
-
-    async fn run(&self, args: &[&str], input: Option<&str>) -> Output {
-        let mut command = tokio::process::Command::new("kubectl");
-        command
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .arg("--cache-dir")
-            .arg(self.cache.path())
-            .args(args)
-            .stdin(if input.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        let mut child = command.spawn().unwrap();
-        if let Some(input) = input {
-            let mut stdin = child.stdin.take().unwrap();
-            stdin.write_all(input.as_bytes()).await.unwrap();
-        }
-        tokio::time::timeout(Duration::from_secs(120), child.wait_with_output())
-            .await
-            .expect("kubectl finished in time")
-            .unwrap()
-    }
-
-    async fn ok(&self, args: &[&str], input: Option<&str>) -> String {
-        let output = self.run(args, input).await;
-        assert!(
-            output.status.success(),
-            "kubectl {args:?} failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        String::from_utf8(output.stdout).unwrap()
-    }
 }
 
 /// Every `.yaml`/`.yml` file below `dir`, as paths relative to it, sorted.
@@ -266,7 +214,7 @@ async fn apply(kubectl: &Kubectl, source: &str, manifests: &[Manifest]) -> Optio
             "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace},
         });
         kubectl
-            .ok(
+            .ok_with_input(
                 &["apply", "--server-side", "-f", "-"],
                 Some(&object.to_string()),
             )
@@ -277,14 +225,14 @@ async fn apply(kubectl: &Kubectl, source: &str, manifests: &[Manifest]) -> Optio
     // What kubectl makes of the YAML, before any server sees it.
     let sent = items(
         &kubectl
-            .ok(
+            .ok_with_input(
                 &["create", "--dry-run=client", "-o", "json", "-f", "-"],
                 Some(&stream),
             )
             .await,
     );
     let output = kubectl
-        .run(
+        .run_with_input(
             &["apply", "--server-side", "-o", "json", "-f", "-"],
             Some(&stream),
         )
@@ -305,7 +253,9 @@ async fn apply(kubectl: &Kubectl, source: &str, manifests: &[Manifest]) -> Optio
             ));
         }
     }
-    kubectl.ok(&["delete", "-f", "-"], Some(&stream)).await;
+    kubectl
+        .ok_with_input(&["delete", "-f", "-"], Some(&stream))
+        .await;
     problem
 }
 
@@ -332,7 +282,7 @@ async fn upstream_manifests_are_accepted_by_our_crds() {
     for crd in &crds {
         args.extend(["-f", crd.as_str()]);
     }
-    kubectl.ok(&args, None).await;
+    kubectl.ok(&args).await;
 
     let mut files = Vec::new();
     yaml_files(&data_dir(), Path::new(""), &mut files);
@@ -361,7 +311,7 @@ async fn upstream_manifests_are_accepted_by_our_crds() {
     }
     for dir in KUSTOMIZATIONS {
         let path = data_dir().join(dir).display().to_string();
-        let rendered = kubectl.ok(&["kustomize", &path], None).await;
+        let rendered = kubectl.ok(&["kustomize", &path]).await;
         let source = format!("{dir} (kustomize)");
         let objects = our_objects(&rendered, &source);
         assert!(!objects.is_empty(), "{source} renders none of our kinds");
@@ -430,7 +380,7 @@ async fn lists_merge_by_upstreams_keys() {
         ("second", "two", 9090, "SECOND"),
     ] {
         kubectl
-            .ok(
+            .ok_with_input(
                 &[
                     "apply",
                     "--server-side",
@@ -444,7 +394,7 @@ async fn lists_merge_by_upstreams_keys() {
     }
     let stored: Value = serde_json::from_str(
         &kubectl
-            .ok(&["get", "sandbox", "shared", "-o", "json"], None)
+            .ok(&["get", "sandbox", "shared", "-o", "json"])
             .await,
     )
     .unwrap();

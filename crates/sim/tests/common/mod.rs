@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::path::PathBuf;
+use std::process::{Output, Stdio};
 use std::time::Duration;
 
 use agent_sandbox_sim::{Isolation, Sim, SimConfig};
@@ -93,4 +94,68 @@ pub(crate) async fn http_get(addr: &str, path: &str) -> (u16, String) {
 pub(crate) fn runtime_binary() -> PathBuf {
     agent_sandbox_sim::test_support::workspace_binary("agent-sandbox-runtime", "sandbox-runtime")
         .expect("sandbox-runtime builds")
+}
+
+/// Runs kubectl against one sim with its own discovery cache.
+pub(crate) struct Kubectl {
+    /// The sim's kubeconfig.
+    pub(crate) kubeconfig: PathBuf,
+    /// kubectl's discovery and HTTP cache, per sim.
+    pub(crate) cache: tempfile::TempDir,
+}
+
+impl Kubectl {
+    pub(crate) fn new(sim: &Sim) -> Self {
+        Self {
+            kubeconfig: sim.kubeconfig_path().to_path_buf(),
+            cache: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    pub(crate) async fn run_with_input(&self, args: &[&str], input: Option<&str>) -> Output {
+        let mut command = tokio::process::Command::new("kubectl");
+        command
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .arg("--cache-dir")
+            .arg(self.cache.path())
+            .args(args)
+            .stdin(if input.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = command.spawn().unwrap();
+        if let Some(input) = input {
+            let mut stdin = child.stdin.take().unwrap();
+            stdin.write_all(input.as_bytes()).await.unwrap();
+        }
+        tokio::time::timeout(Duration::from_secs(120), child.wait_with_output())
+            .await
+            .expect("kubectl finished in time")
+            .unwrap()
+    }
+
+    pub(crate) async fn run(&self, args: &[&str]) -> Output {
+        self.run_with_input(args, None).await
+    }
+
+    /// Runs and requires success; returns stdout.
+    pub(crate) async fn ok(&self, args: &[&str]) -> String {
+        self.ok_with_input(args, None).await
+    }
+
+    /// Runs with `input` on stdin and requires success; returns stdout.
+    pub(crate) async fn ok_with_input(&self, args: &[&str], input: Option<&str>) -> String {
+        let output = self.run_with_input(args, input).await;
+        assert!(
+            output.status.success(),
+            "kubectl {args:?} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8(output.stdout).unwrap()
+    }
 }
