@@ -179,14 +179,6 @@ pub enum AuthMode {
     Scoped,
 }
 
-/// `args.auth == AuthMode::Scoped` reads as "the flag chose scoped", as it did when `--auth` was
-/// required.
-impl PartialEq<AuthMode> for Option<AuthMode> {
-    fn eq(&self, other: &AuthMode) -> bool {
-        self.as_ref() == Some(other)
-    }
-}
-
 /// Upstream's `--authz-mode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum GoAuthzMode {

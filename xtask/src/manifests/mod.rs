@@ -908,7 +908,7 @@ mod tests {
         let argv = std::iter::once("sandbox-router".to_owned()).chain(args(container));
         let cli = RouterCli::try_parse_from(argv).unwrap();
         assert_eq!(cli.log_format, "json");
-        assert_eq!(cli.args.auth, agent_sandbox_router::AuthMode::Scoped);
+        assert_eq!(cli.args.auth, Some(agent_sandbox_router::AuthMode::Scoped));
         assert_eq!(
             i64::from(cli.args.listen.port()),
             container_port(container, "http")
