@@ -289,8 +289,10 @@ fn tokio_runtime() -> Result<tokio::runtime::Runtime> {
         .build()?)
 }
 
-const CLAIM_PATH: [(&str, &str, &str); 4] = [
+const CLAIM_PATH: [(&str, &str, &str); 5] = [
     ("create", "extensions.agents.x-k8s.io", "sandboxclaims"),
+    // The annotations upstream's tools read (sandbox-name, controller-first-observed-at).
+    ("patch", "extensions.agents.x-k8s.io", "sandboxclaims"),
     (
         "apply",
         "extensions.agents.x-k8s.io",
@@ -355,7 +357,7 @@ fn warm_claim(root: &Path, options: Options) -> Result<Vec<Row>> {
                 .p99(format_duration(samples.p99()))
                 .notes(format!("create -> Ready seen by a watch, {count} claims, pool of {replicas}")),
             Row::new("controller/writes-per-warm-claim").notes(format!(
-                "{per_claim:.2} on the claim path (create, adoption patch, status, event); {per_claim_all:.2} including the pool's refill"
+                "{per_claim:.2} on the claim path (create, adoption patch, annotations, status, event); {per_claim_all:.2} including the pool's refill"
             )),
         ])
     })
