@@ -484,8 +484,10 @@ fn launch_via(plan: &Plan, via: Via) -> Result<Launched, Failed> {
         );
     }
     let (pid, clone_error) = cloned.map_err(Failed::Clone)?;
-    // `clone` failed (then no pidfd was made): before Linux 5.2 CLONE_PIDFD is EINVAL.
-    let Some(pid) = Pid::from_raw(pid) else {
+    // `clone` failed (then no pidfd was made): before Linux 5.2 CLONE_PIDFD is EINVAL; a
+    // seccomp filter answers `clone3` with ENOSYS. (rustix asserts that a raw pid is not
+    // negative, hence the test first.)
+    let Some(pid) = Some(pid).filter(|pid| *pid > 0).and_then(Pid::from_raw) else {
         return Err(Failed::Clone(clone_error));
     };
     // SAFETY: with the child created, the kernel has stored a new descriptor, owned by nobody
