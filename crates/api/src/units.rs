@@ -156,6 +156,88 @@ pub fn parse_size_usize(text: &str) -> Result<usize, String> {
     usize::try_from(bytes).map_err(|_| format!("`{text}` is too large for this machine"))
 }
 
+/// A Kubernetes resource quantity (`resources.limits` values: `512Mi`, `1G`, `500m`, `0.5`,
+/// `2e9`) in thousandths of its unit, rounded up as the API server rounds: `500m` is 500, `2`
+/// is 2000, `1Ki` is 1 024 000. Negative quantities and unknown suffixes are refused.
+pub fn parse_quantity_milli(text: &str) -> Result<u128, String> {
+    let invalid = || format!("`{text}` is not a Kubernetes quantity (e.g. 512Mi, 1G, 500m, 0.5)");
+    let body = text.trim().strip_prefix('+').unwrap_or(text.trim());
+    let split = body
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(body.len());
+    let (number, suffix) = body.split_at(split);
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    if whole.is_empty() && fraction.is_empty() {
+        return Err(invalid());
+    }
+    // The value as digits / 10^scale, then times the suffix's factor (a power of 2 or 10).
+    let digits = format!("{whole}{fraction}");
+    let digits: u128 = digits
+        .trim_start_matches('0')
+        .chars()
+        .take(30)
+        .collect::<String>()
+        .parse()
+        .or_else(|_| {
+            if digits.chars().all(|c| c == '0') {
+                Ok(0)
+            } else {
+                Err(invalid())
+            }
+        })?;
+    let mut scale = i32::try_from(fraction.len()).map_err(|_| invalid())?;
+    let binary: Option<u32> = match suffix {
+        "Ki" => Some(10),
+        "Mi" => Some(20),
+        "Gi" => Some(30),
+        "Ti" => Some(40),
+        "Pi" => Some(50),
+        "Ei" => Some(60),
+        _ => None,
+    };
+    let mut exponent: i32 = match suffix {
+        _ if binary.is_some() => 0,
+        "" => 0,
+        "n" => -9,
+        "u" => -6,
+        "m" => -3,
+        "k" => 3,
+        "M" => 6,
+        "G" => 9,
+        "T" => 12,
+        "P" => 15,
+        "E" => 18,
+        other => {
+            let digits = other
+                .strip_prefix('e')
+                .or_else(|| other.strip_prefix('E'))
+                .ok_or_else(invalid)?;
+            digits.parse::<i32>().map_err(|_| invalid())?
+        }
+    };
+    // Thousandths.
+    exponent += 3;
+    let mut value = digits;
+    if let Some(shift) = binary {
+        value = value
+            .checked_shl(shift)
+            .filter(|v| v >> shift == digits)
+            .ok_or_else(invalid)?;
+    }
+    scale -= exponent;
+    if scale <= 0 {
+        let factor = 10u128
+            .checked_pow(scale.unsigned_abs())
+            .ok_or_else(invalid)?;
+        value.checked_mul(factor).ok_or_else(invalid)
+    } else {
+        let divisor = 10u128
+            .checked_pow(scale.unsigned_abs())
+            .unwrap_or(u128::MAX);
+        Ok(value.div_ceil(divisor))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -337,6 +419,25 @@ mod tests {
             let (unit, scale) = unit;
             let text = format!("{number}{}{unit}", if space { " " } else { "" });
             prop_assert_eq!(parse_size(&text), Ok(number * scale));
+        }
+    }
+
+    #[test]
+    fn kubernetes_quantities_in_thousandths() {
+        assert_eq!(parse_quantity_milli("500m"), Ok(500));
+        assert_eq!(parse_quantity_milli("2"), Ok(2000));
+        assert_eq!(parse_quantity_milli("0.5"), Ok(500));
+        assert_eq!(parse_quantity_milli("1Ki"), Ok(1_024_000));
+        assert_eq!(parse_quantity_milli("512Mi"), Ok(512 * (1 << 20) * 1000));
+        assert_eq!(parse_quantity_milli("1.5Gi"), Ok(3 * (1 << 29) * 1000));
+        assert_eq!(parse_quantity_milli("1G"), Ok(1_000_000_000_000));
+        assert_eq!(parse_quantity_milli("2e3"), Ok(2_000_000));
+        assert_eq!(parse_quantity_milli("1E"), Ok(10u128.pow(21)));
+        // Rounded up, as the API server does.
+        assert_eq!(parse_quantity_milli("1n"), Ok(1));
+        assert_eq!(parse_quantity_milli("0"), Ok(0));
+        for bad in ["", "-1", "1x", "Mi", "1..2", "1e", "."] {
+            assert!(parse_quantity_milli(bad).is_err(), "{bad:?}");
         }
     }
 }
