@@ -31,6 +31,9 @@ pub enum Error {
         "bubblewrap isolation was requested but `bwrap` is missing or cannot create namespaces here"
     )]
     NoBwrap,
+    /// `Isolation::Strict` where some protection does not work.
+    #[error("strict isolation was requested but pods here would lack: {}", missing.join("; "))]
+    NotStrict { missing: Vec<String> },
     /// A pod's directory could not be created.
     #[error("failed to create the pods' directory {path}")]
     PodsDir {

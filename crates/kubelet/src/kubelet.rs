@@ -20,6 +20,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
+use crate::confine::Protections;
 use crate::error::{Error, Result};
 use crate::events::{self, Recorder};
 use crate::images::ImageTable;
@@ -64,9 +65,13 @@ pub struct KubeletConfig {
     pub kubernetes_service: Option<SocketAddr>,
     /// Where pod IPs come from.
     pub pod_network: PodNetwork,
-    /// What the Node advertises to the scheduler as its capacity (and allocatable). This node
-    /// enforces no requests or limits; the scheduler places pods by these figures.
+    /// What the Node advertises to the scheduler as its capacity (and allocatable). The
+    /// scheduler places pods by these figures; containers' `resources.limits` are enforced
+    /// under bubblewrap where control groups can be made.
     pub capacity: NodeCapacity,
+    /// The most processes a container may have under bubblewrap (a real kubelet's
+    /// `--pod-max-pids`); default 4096.
+    pub pod_pids_limit: u64,
 }
 
 /// A Node's capacity, as quantities.
@@ -138,6 +143,7 @@ impl KubeletConfig {
             kubernetes_service: None,
             pod_network: PodNetwork::Loopback,
             capacity: NodeCapacity::default(),
+            pod_pids_limit: crate::cgroup::DEFAULT_PIDS,
         }
     }
 }
@@ -160,6 +166,12 @@ pub(crate) struct Context {
     pub(crate) images: ImageTable,
     /// Run pod processes inside bubblewrap.
     pub(crate) bwrap: bool,
+    /// What bubblewrapped pods are confined by here.
+    pub(crate) protections: Protections,
+    /// The most processes a container may have.
+    pub(crate) pod_pids_limit: u64,
+    /// This kubelet's control group (below which each container gets one), by name.
+    pub(crate) cgroup: String,
     pub(crate) pods_dir: PathBuf,
     pub(crate) volumes_dir: PathBuf,
     pub(crate) fast_probe: Duration,
@@ -245,6 +257,11 @@ impl Kubelet {
     /// [`Kubelet::start`].
     pub fn new(client: kube::Client, config: KubeletConfig) -> Result<Self> {
         let isolation = config.isolation.resolve().ok_or(Error::NoBwrap)?;
+        let protections = Protections::detect(isolation == Isolation::Bwrap);
+        let missing = protections.missing();
+        if config.isolation == Isolation::Strict && !missing.is_empty() {
+            return Err(Error::NotStrict { missing });
+        }
         for dir in [&config.pods_dir, &config.volumes_dir] {
             std::fs::create_dir_all(dir).map_err(|source| Error::PodsDir {
                 path: dir.clone(),
@@ -260,6 +277,14 @@ impl Kubelet {
             node: config.node_name.clone(),
             images: config.images,
             bwrap: isolation == Isolation::Bwrap,
+            protections,
+            pod_pids_limit: config.pod_pids_limit,
+            cgroup: {
+                static KUBELETS: std::sync::atomic::AtomicU32 =
+                    std::sync::atomic::AtomicU32::new(0);
+                let n = KUBELETS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                format!("{}{}-{n}", crate::cgroup::GROUP_PREFIX, std::process::id())
+            },
             pods_dir: config.pods_dir,
             volumes_dir: config.volumes_dir,
             fast_probe: config.fast_probe_interval,
@@ -335,6 +360,11 @@ impl Kubelet {
         }
     }
 
+    /// What pods are confined by on this machine (and what they lack).
+    pub fn protections(&self) -> &Protections {
+        &self.ctx.protections
+    }
+
     /// The pod process groups alive right now.
     pub fn live_process_groups(&self) -> usize {
         self.ctx.processes.len()
@@ -387,6 +417,11 @@ impl Kubelet {
         tasks.abort_all();
         while tasks.join_next().await.is_some() {}
         self.ctx.processes.kill_all();
+        if self.ctx.bwrap
+            && let Some(hierarchy) = crate::cgroup::Hierarchy::detect()
+        {
+            hierarchy.remove_kubelet(&self.ctx.cgroup);
+        }
     }
 }
 

@@ -18,6 +18,8 @@
 // The module map above links the private modules, for readers of the source.
 #![allow(rustdoc::private_intra_doc_links)]
 
+mod cgroup;
+mod confine;
 mod error;
 pub mod events;
 pub mod images;
@@ -30,10 +32,12 @@ mod pod_status;
 pub mod portforward;
 mod probe;
 mod process;
+mod seccomp;
 mod server;
 pub mod spdy;
 mod volumes;
 
+pub use confine::Protections;
 pub use error::{Error, Result};
 pub use images::{DefaultReadiness, ImageEntry, ImageTable, Program, runtime_entry};
 pub use kubelet::{Kubelet, KubeletConfig, NodeCapacity, PodKey, PodNetwork};

@@ -17,6 +17,8 @@ use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
+use crate::cgroup::Limits;
+use crate::confine::{DEFAULT_RUN_AS, HostId};
 use crate::events::EventNote;
 use crate::images::{ImageEntry, Program, Templates, expand_vars, find_program, narrow_wildcards};
 use crate::kubelet::{Context, PodCommand, PodKey, confirm_deletion};
@@ -25,12 +27,14 @@ use crate::net;
 use crate::node::error_chain;
 use crate::pod_status::{self, ContainerInfo, PodInfo, State, Terminated};
 use crate::probe::{self, Probe};
-use crate::process::{self, LaunchSpec, Mount, POD_DIR_IN_SANDBOX, Split};
+use crate::process::{self, Identity, LaunchSpec, Mount, POD_DIR_IN_SANDBOX, Split};
 use crate::volumes::{self, Refs, Tokens};
 
 /// Restart back-off: doubles from this, capped at [`MAX_BACKOFF`].
 const BASE_BACKOFF: Duration = Duration::from_millis(500);
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
+/// The `PATH` of a bubblewrapped container, as images set it.
+const IMAGE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// How soon a mount that failed is tried again.
 const MOUNT_RETRY: Duration = Duration::from_secs(1);
 
@@ -41,6 +45,8 @@ struct Exit {
     index: usize,
     code: Option<i32>,
     signal: Option<i32>,
+    /// The kernel killed a process of the container for exceeding its memory limit.
+    oom: bool,
 }
 
 /// Control of a running container's task.
@@ -79,6 +85,9 @@ struct Worker {
     status_writer: Option<tokio::task::JoinHandle<()>>,
     paths: PodPaths,
     ip: Option<Ipv4Addr>,
+    /// The host uid and gid of the pod's processes and files, when the kubelet gives each pod
+    /// one (bubblewrap with user namespaces, as root).
+    host_id: Option<HostId>,
     info: PodInfo,
     init_specs: Vec<Value>,
     specs: Vec<Value>,
@@ -257,6 +266,7 @@ impl Worker {
             initialized: init_specs.is_empty(),
             ..PodInfo::default()
         };
+        let host_id = (ctx.bwrap && ctx.protections.host_ids).then(HostId::allocate);
         let restart_policy = pod
             .pointer("/spec/restartPolicy")
             .and_then(Value::as_str)
@@ -280,6 +290,7 @@ impl Worker {
             pod,
             namespace,
             name,
+            host_id,
             paths,
             ip: None,
             info,
@@ -440,6 +451,12 @@ impl Worker {
                 return false;
             }
         }
+        // The pod's directory is its processes' (its host uid's), and theirs alone.
+        if let Err(error) = self.own(&self.paths.app) {
+            self.event("Warning", "FailedCreatePodSandBox", &error);
+            self.write_status();
+            return false;
+        }
         self.info.pod_ip = Some(ip.0.to_string());
         self.info.start_time = Some(now());
         self.ctx.update_pod(&self.key, |pod| pod.ip = Some(ip.0));
@@ -456,6 +473,39 @@ impl Worker {
         self.info.initialized = true;
         for index in 0..self.specs.len() {
             self.start_container(false, index).await;
+        }
+    }
+
+    /// Gives `dir` (and what is in it) to the pod's host uid, mode 0700 at the top, when the pod
+    /// has one; nothing otherwise.
+    fn own(&self, dir: &std::path::Path) -> Result<(), String> {
+        let Some(HostId(id)) = self.host_id else {
+            return Ok(());
+        };
+        volumes::chown_tree(dir, id)
+            .and_then(|()| {
+                use std::os::unix::fs::PermissionsExt as _;
+                std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            })
+            .map_err(|error| format!("cannot give {} to the pod's user: {error}", dir.display()))
+    }
+
+    /// Who `container`'s processes are: `runAsUser`/`runAsGroup` of the container, else of the
+    /// pod, else [`DEFAULT_RUN_AS`] (the group defaults to the user's number).
+    fn identity(&self, container: &Value) -> Identity {
+        let id = |field: &str| {
+            container
+                .pointer(&format!("/securityContext/{field}"))
+                .or_else(|| self.pod.pointer(&format!("/spec/securityContext/{field}")))
+                .and_then(Value::as_u64)
+                .and_then(|id| u32::try_from(id).ok())
+        };
+        let uid = id("runAsUser").unwrap_or(DEFAULT_RUN_AS);
+        Identity {
+            uid,
+            gid: id("runAsGroup").unwrap_or(uid),
+            user_namespace: self.ctx.protections.user_namespace,
+            host_id: self.host_id.as_ref().map(|id| id.0),
         }
     }
 
@@ -624,6 +674,17 @@ impl Worker {
         }
     }
 
+    /// The `PATH` of a container and where its command is looked up: under bubblewrap an
+    /// image's ([`IMAGE_PATH`], the system directories it shows), so that a command resolves to
+    /// what the pod can see and not to a tool in someone's home directory; else the host's.
+    fn search_path(&self) -> String {
+        if self.ctx.bwrap {
+            IMAGE_PATH.to_owned()
+        } else {
+            std::env::var("PATH").unwrap_or_else(|_| IMAGE_PATH.into())
+        }
+    }
+
     /// The process environment of a container.
     fn environment(
         &self,
@@ -633,10 +694,7 @@ impl Worker {
         refs: &Refs,
     ) -> BTreeMap<String, String> {
         let mut env = BTreeMap::new();
-        env.insert(
-            "PATH".to_owned(),
-            std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into()),
-        );
+        env.insert("PATH".to_owned(), self.search_path());
         env.insert("HOME".to_owned(), templates.pod_dir.clone());
         env.insert("HOSTNAME".to_owned(), self.name.clone());
         // The `kubernetes` Service, as a node gives it to every container (in-cluster
@@ -756,7 +814,7 @@ impl Worker {
         };
         let command = strings("command");
         let args = strings("args");
-        let path = std::env::var_os("PATH");
+        let path = Some(std::ffi::OsString::from(self.search_path()));
         let resolve = |name: &str, exe: Option<&std::path::Path>| {
             find_program(name, exe, path.as_deref())
                 .map(|p| p.to_string_lossy().into_owned())
@@ -874,6 +932,7 @@ impl Worker {
             };
             std::fs::create_dir_all(&host)
                 .map_err(|error| format!("creating {}: {error}", host.display()))?;
+            self.own(&host)?;
             wanted.push((host, path.to_owned(), read_only));
         }
         process::prepare_mounts(wanted)
@@ -917,10 +976,19 @@ impl Worker {
                     .and_then(Value::as_str)
                     .unwrap_or(&self.name)
                     .to_owned(),
+                pod_ip: self.ip.map(|ip| ip.to_string()),
                 pod_dir: self.paths.app.clone(),
                 mounts,
                 splits,
                 log: log_file(&self.paths, name, false),
+                identity: self.identity(container),
+                limits: if self.ctx.bwrap {
+                    let limits = Limits::from_container(container, self.ctx.pod_pids_limit)?;
+                    let group = format!("{}/{}-{name}", self.ctx.cgroup, self.key.uid);
+                    Some((limits, group))
+                } else {
+                    None
+                },
             },
             entry,
         })
@@ -966,7 +1034,12 @@ impl Worker {
         if log.exists() {
             let _ = std::fs::rename(&log, log_file(&self.paths, &name, true));
         }
-        let running = match process::spawn(&plan.spec, self.ctx.bwrap, &self.ctx.processes) {
+        let running = match process::spawn(
+            &plan.spec,
+            self.ctx.bwrap,
+            &self.ctx.protections,
+            &self.ctx.processes,
+        ) {
             Ok(running) => running,
             Err(error) => {
                 let message = format!("failed to start {:?}: {error}", plan.spec.argv.first());
@@ -1098,6 +1171,8 @@ impl Worker {
             signal: exit.signal,
             reason: if code == 0 {
                 "Completed".into()
+            } else if exit.oom {
+                "OOMKilled".into()
             } else {
                 "Error".into()
             },
@@ -1418,16 +1493,25 @@ async fn watch_container(
     index: usize,
 ) {
     use std::os::unix::process::ExitStatusExt as _;
+    let mut terminating = false;
     let status = loop {
         tokio::select! {
             status = running.child.wait() => break status,
             message = control.recv() => match message {
-                Some(false) => running.guard.terminate(),
+                Some(false) => {
+                    terminating = true;
+                    running.guard.terminate();
+                }
                 Some(true) | None => {
                     running.guard.kill();
                     break running.child.wait().await;
                 }
             },
+            // Processes that appeared since (the program bubblewrap was still starting) get
+            // their SIGTERM too.
+            () = tokio::time::sleep(Duration::from_millis(50)), if terminating => {
+                running.guard.terminate();
+            }
         }
     };
     // The leader is gone; whatever it left behind in its group goes too.
@@ -1442,5 +1526,6 @@ async fn watch_container(
         index,
         code,
         signal,
+        oom: running.guard.out_of_memory(),
     });
 }

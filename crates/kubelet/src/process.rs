@@ -17,23 +17,30 @@
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsString;
 use std::io::{PipeWriter, Write as _};
-use std::os::fd::AsRawFd as _;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use rustix::process::{Pid, Signal, kill_process, kill_process_group};
 
+use crate::cgroup::{Cgroup, Hierarchy, Limits};
+use crate::confine::{self, Protections};
+
 /// How pod processes are isolated.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Isolation {
-    /// Bubblewrap when it is installed and works, otherwise none.
+    /// The strongest this machine supports: bubblewrap with every protection that works here
+    /// (what is missing is reported at start-up), or plain processes without bubblewrap.
     #[default]
     Auto,
     /// Each pod process in bubblewrap: private pid, mount, ipc and uts namespaces (hostname =
-    /// pod name), read-only root, writable pod directory at `/app` and private `/tmp`, host
-    /// network (so the loopback pod IP works).
+    /// pod name), a root of its own showing only the host's system directories ([`SYSTEM_DIRS`]
+    /// and some of `/etc`) read-only, a writable pod directory at `/app` and a private `/tmp`;
+    /// and whichever of the [`Protections`] work here.
     Bwrap,
+    /// [`Isolation::Bwrap`] with every protection, or refuse to start.
+    Strict,
     /// Plain child processes in their own process group, in the pod's directory.
     None,
 }
@@ -44,21 +51,26 @@ impl std::str::FromStr for Isolation {
         match text {
             "auto" => Ok(Self::Auto),
             "bwrap" => Ok(Self::Bwrap),
+            "strict" => Ok(Self::Strict),
             "none" => Ok(Self::None),
-            other => Err(format!("unknown isolation {other:?} (auto, bwrap or none)")),
+            other => Err(format!(
+                "unknown isolation {other:?} (auto, bwrap, strict or none)"
+            )),
         }
     }
 }
 
 impl Isolation {
-    /// The isolation pods actually get: `Auto` resolved to what works here; `None` when
-    /// bubblewrap is asked for where it does not work.
+    /// The isolation pods actually get: `Auto` resolved to what works here (`Bwrap` or
+    /// `None`); `None` (the `Option`) when bubblewrap is asked for where it does not work.
+    /// `Strict` resolves to `Bwrap` when bubblewrap works; whether every protection does is
+    /// [`Protections::missing`]'s to say.
     pub fn resolve(self) -> Option<Self> {
         match self {
             Self::Auto if bwrap_available() => Some(Self::Bwrap),
             Self::Auto | Self::None => Some(Self::None),
-            Self::Bwrap if bwrap_available() => Some(Self::Bwrap),
-            Self::Bwrap => None,
+            Self::Bwrap | Self::Strict if bwrap_available() => Some(Self::Bwrap),
+            Self::Bwrap | Self::Strict => None,
         }
     }
 }
@@ -93,6 +105,51 @@ pub fn bwrap_available() -> bool {
 /// Where the pod's directory appears inside bubblewrap.
 pub(crate) const POD_DIR_IN_SANDBOX: &str = "/app";
 
+/// The host's top-level names a pod sees, read-only: its programs and libraries (directories,
+/// or the symlinks of a merged `/usr`). Nothing else of the host's root is there: no home
+/// directories, no `/var`, `/opt`, `/srv`, `/mnt`, `/run`, no checkout.
+pub(crate) const SYSTEM_DIRS: [&str; 7] = ["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
+
+/// The host's `/etc` entries a pod sees (read-only, where the host has them): what programs
+/// need to resolve names, verify certificates, load libraries and find their configuration.
+/// Not the rest (`shadow`, `ssh`, `ssl/private`, `sudoers`, credentials of services, ...).
+pub(crate) const ETC_ENTRIES: &[&str] = &[
+    "alternatives",
+    "bash.bashrc",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "debian_version",
+    "gai.conf",
+    "host.conf",
+    "inputrc",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "locale.alias",
+    "localtime",
+    "mime.types",
+    "nsswitch.conf",
+    "os-release",
+    "pki/tls/certs",
+    "profile",
+    "protocols",
+    "python3",
+    "python3.11",
+    "python3.12",
+    "python3.13",
+    "python3.14",
+    "resolv.conf",
+    "rpc",
+    "services",
+    "shells",
+    "ssl/certs",
+    "ssl/openssl.cnf",
+    "timezone",
+];
+
+/// The `/etc` files the kubelet writes for each pod.
+pub(crate) const ETC_OWN: [&str; 4] = ["passwd", "group", "hosts", "hostname"];
+
 /// Top-level entries of the host root, for building the sandbox's root.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum RootEntry {
@@ -113,9 +170,9 @@ pub(crate) struct Mount {
 }
 
 /// A directory of the host that the sandbox shows read-only and under which a mount point must
-/// be made (`/etc` for a Secret at `/etc/app/key` when the host has no `/etc/app`): bubblewrap
-/// puts a tmpfs there showing the same entries, makes the mount point on it, and remounts it
-/// read-only.
+/// be made (`/usr/local/app` for a volume there when the host has no `/usr/local/app`):
+/// bubblewrap puts a tmpfs there showing the same entries, makes the mount point on it, and
+/// remounts it read-only.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Split {
     pub(crate) dir: String,
@@ -146,6 +203,19 @@ fn host_entries(dir: &Path) -> Vec<RootEntry> {
     entries
 }
 
+/// Whether `parts` (of an absolute path) name something the sandbox shows from the host: below
+/// a [`SYSTEM_DIRS`] entry or an [`ETC_ENTRIES`] one.
+fn shown_from_host(parts: &[&str]) -> bool {
+    match parts {
+        [top, ..] if SYSTEM_DIRS.contains(top) => true,
+        ["etc", rest @ ..] if !rest.is_empty() => ETC_ENTRIES.iter().any(|entry| {
+            let entry: Vec<&str> = entry.split('/').collect();
+            rest.len() >= entry.len() && rest[..entry.len()] == entry[..]
+        }),
+        _ => false,
+    }
+}
+
 /// Resolves where each `(host, mountPath, readOnly)` appears in the sandbox and which host
 /// directories must be split for the mount points to be made ([`Split`]). A mount path is
 /// refused (with the reason) when it is not absolute, has `..` in it, or lands on a file.
@@ -162,8 +232,9 @@ pub(crate) fn prepare_mounts(
         if parts.contains(&"..") || parts.is_empty() {
             return Err(format!("mountPath {path:?} must name a directory below /"));
         }
-        if OWN_ROOT.contains(&parts[0]) {
-            // The sandbox's own writable directories: mount points are made there as asked.
+        if !shown_from_host(&parts) {
+            // The sandbox's own directories (its root and `/etc` are tmpfs of its own):
+            // mount points are made there as asked.
             mounts.push(Mount {
                 host,
                 dest: format!("/{}", parts.join("/")),
@@ -172,7 +243,7 @@ pub(crate) fn prepare_mounts(
             continue;
         }
         // The deepest part the host has, with its symlinks resolved as the sandbox (which shows
-        // the host's tree) resolves them; the rest is made.
+        // the host's tree there) resolves them; the rest is made.
         let mut existing = PathBuf::from("/");
         let mut rest = parts.len();
         for (index, part) in parts.iter().enumerate() {
@@ -201,14 +272,10 @@ pub(crate) fn prepare_mounts(
         } else {
             dest
         };
-        let top = base
-            .trim_start_matches('/')
-            .split('/')
-            .next()
-            .unwrap_or_default();
+        let base_parts: Vec<&str> = base.split('/').filter(|p| !p.is_empty()).collect();
         if rest < parts.len()
             && base != "/"
-            && !OWN_ROOT.contains(&top)
+            && shown_from_host(&base_parts)
             && !split_dirs.contains(&base)
         {
             split_dirs.push(base);
@@ -231,14 +298,44 @@ pub(crate) fn prepare_mounts(
     Ok((mounts, splits))
 }
 
+/// The host's [`SYSTEM_DIRS`] as they are here (directories or symlinks).
 fn host_root() -> &'static [RootEntry] {
     static ROOT: OnceLock<Vec<RootEntry>> = OnceLock::new();
     ROOT.get_or_init(|| {
         host_entries(Path::new("/"))
             .into_iter()
-            .filter(|entry| !matches!(entry, RootEntry::File(_)))
+            .filter(|entry| match entry {
+                RootEntry::Dir(name) | RootEntry::Symlink(name, _) => {
+                    SYSTEM_DIRS.contains(&name.as_str())
+                }
+                RootEntry::File(_) => false,
+            })
             .collect()
     })
+}
+
+/// The host's [`ETC_ENTRIES`] that exist here.
+fn host_etc() -> &'static [String] {
+    static ETC: OnceLock<Vec<String>> = OnceLock::new();
+    ETC.get_or_init(|| {
+        ETC_ENTRIES
+            .iter()
+            .filter(|entry| Path::new("/etc").join(entry).exists())
+            .map(|entry| format!("/etc/{entry}"))
+            .collect()
+    })
+}
+
+/// Who a pod's processes are.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Identity {
+    /// uid and gid inside the pod's user namespace.
+    pub(crate) uid: u32,
+    pub(crate) gid: u32,
+    /// Run in a user namespace (with `uid`/`gid`, no capabilities, no nested namespaces).
+    pub(crate) user_namespace: bool,
+    /// The host uid (and gid) they have, when the kubelet (root) gives each pod one.
+    pub(crate) host_id: Option<u32>,
 }
 
 /// What to start.
@@ -250,6 +347,8 @@ pub(crate) struct LaunchSpec {
     /// Working directory as the process sees it (`None`: the pod's directory).
     pub(crate) workdir: Option<String>,
     pub(crate) hostname: String,
+    /// The pod's IP, for its `/etc/hosts`.
+    pub(crate) pod_ip: Option<String>,
     /// The pod's directory on the host.
     pub(crate) pod_dir: PathBuf,
     /// Volume mounts; bubblewrap only.
@@ -258,27 +357,63 @@ pub(crate) struct LaunchSpec {
     pub(crate) splits: Vec<Split>,
     /// File that receives stdout and stderr.
     pub(crate) log: PathBuf,
+    /// Who the processes are (bubblewrap only).
+    pub(crate) identity: Identity,
+    /// The container's resource limits and its control group's name (bubblewrap only).
+    pub(crate) limits: Option<(Limits, String)>,
 }
 
-/// Top-level names the sandbox provides itself instead of binding from the host.
-const OWN_ROOT: [&str; 4] = ["proc", "dev", "tmp", "app"];
+/// The descriptors bubblewrap binds from, by what they stand for (open in the kubelet, which
+/// may reach paths the pod's host uid cannot).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct BindFds {
+    pub(crate) pod_dir: RawFd,
+    /// The program, when it lives outside [`SYSTEM_DIRS`].
+    pub(crate) program: Option<RawFd>,
+    /// One per [`LaunchSpec::mounts`] entry.
+    pub(crate) mounts: Vec<RawFd>,
+    /// The contents of the [`ETC_OWN`] files, in that order.
+    pub(crate) etc: Vec<RawFd>,
+    pub(crate) seccomp: Option<RawFd>,
+}
 
-/// The bubblewrap command line for `spec` (sans IO).
-pub(crate) fn bwrap_args(root: &[RootEntry], spec: &LaunchSpec) -> Vec<OsString> {
+/// Whether `program` lives below one of the [`SYSTEM_DIRS`] (and is therefore visible).
+fn in_system_dirs(program: &str) -> bool {
+    program
+        .strip_prefix('/')
+        .and_then(|rest| rest.split('/').next())
+        .is_some_and(|top| SYSTEM_DIRS.contains(&top))
+}
+
+/// The bubblewrap command line for `spec` (sans IO): `root` is the host's system directories,
+/// `etc` the host's `/etc` entries shown, `fds` what to bind from.
+pub(crate) fn bwrap_args(
+    root: &[RootEntry],
+    etc: &[String],
+    spec: &LaunchSpec,
+    fds: &BindFds,
+) -> Vec<OsString> {
     let mut args: Vec<OsString> = Vec::new();
     let mut push = |items: &[&str]| args.extend(items.iter().map(OsString::from));
     push(&["--tmpfs", "/"]);
     for entry in root {
         match entry {
-            RootEntry::Dir(name) if !OWN_ROOT.contains(&name.as_str()) => {
+            RootEntry::Dir(name) => {
                 let path = format!("/{name}");
                 push(&["--ro-bind", &path, &path]);
             }
-            RootEntry::Symlink(name, target) if !OWN_ROOT.contains(&name.as_str()) => {
+            RootEntry::Symlink(name, target) => {
                 push(&["--symlink", target, &format!("/{name}")]);
             }
-            _ => {}
+            RootEntry::File(_) => {}
         }
+    }
+    push(&["--tmpfs", "/etc"]);
+    for path in etc {
+        push(&["--ro-bind", path, path]);
+    }
+    for (name, fd) in ETC_OWN.iter().zip(&fds.etc) {
+        push(&["--ro-bind-data", &fd.to_string(), &format!("/etc/{name}")]);
     }
     push(&[
         "--unshare-pid",
@@ -287,6 +422,25 @@ pub(crate) fn bwrap_args(root: &[RootEntry], spec: &LaunchSpec) -> Vec<OsString>
         "--hostname",
         &spec.hostname,
         "--die-with-parent",
+    ]);
+    let identity = spec.identity;
+    if identity.user_namespace {
+        push(&[
+            "--unshare-user",
+            "--uid",
+            &identity.uid.to_string(),
+            "--gid",
+            &identity.gid.to_string(),
+            "--disable-userns",
+        ]);
+    }
+    if identity.user_namespace || confine::is_root() {
+        push(&["--cap-drop", "ALL"]);
+    }
+    if let Some(fd) = fds.seccomp {
+        push(&["--seccomp", &fd.to_string()]);
+    }
+    push(&[
         "--proc",
         "/proc",
         "--dev",
@@ -295,55 +449,119 @@ pub(crate) fn bwrap_args(root: &[RootEntry], spec: &LaunchSpec) -> Vec<OsString>
         "/tmp",
         "--dir",
         POD_DIR_IN_SANDBOX,
+        "--bind-fd",
+        &fds.pod_dir.to_string(),
+        POD_DIR_IN_SANDBOX,
     ]);
-    args.push("--bind".into());
-    args.push(spec.pod_dir.clone().into_os_string());
-    args.push(POD_DIR_IN_SANDBOX.into());
-    // The sandbox's /tmp is private; a program that lives under the host's /tmp is bound in.
-    if let Some(program) = spec.argv.first().filter(|p| p.starts_with("/tmp/")) {
-        args.extend(["--ro-bind", program, program].map(OsString::from));
+    // A program outside the system directories (a binary of this workspace, a test's script)
+    // is bound in at its own path, alone.
+    if let (Some(program), Some(fd)) = (spec.argv.first(), fds.program) {
+        push(&["--ro-bind-fd", &fd.to_string(), program]);
     }
     for split in &spec.splits {
-        args.extend(["--tmpfs", &split.dir].map(OsString::from));
+        push(&["--tmpfs", &split.dir]);
         for entry in &split.entries {
             match entry {
                 RootEntry::Dir(name) | RootEntry::File(name) => {
                     let path = format!("{}/{name}", split.dir);
-                    args.extend(["--ro-bind", &path, &path].map(OsString::from));
+                    push(&["--ro-bind", &path, &path]);
                 }
                 RootEntry::Symlink(name, target) => {
                     let path = format!("{}/{name}", split.dir);
-                    args.extend(["--symlink", target, &path].map(OsString::from));
+                    push(&["--symlink", target, &path]);
                 }
             }
         }
     }
-    for mount in &spec.mounts {
-        args.push("--dir".into());
-        args.push(mount.dest.clone().into());
-        args.push(
-            if mount.read_only {
-                "--ro-bind"
-            } else {
-                "--bind"
-            }
-            .into(),
-        );
-        args.push(mount.host.clone().into_os_string());
-        args.push(mount.dest.clone().into());
+    for (mount, fd) in spec.mounts.iter().zip(&fds.mounts) {
+        let bind = if mount.read_only {
+            "--ro-bind-fd"
+        } else {
+            "--bind-fd"
+        };
+        push(&["--dir", &mount.dest, bind, &fd.to_string(), &mount.dest]);
     }
     for split in &spec.splits {
-        args.extend(["--remount-ro", &split.dir].map(OsString::from));
+        push(&["--remount-ro", &split.dir]);
     }
     let workdir = spec.workdir.as_deref().unwrap_or(POD_DIR_IN_SANDBOX);
     if !workdir.starts_with(POD_DIR_IN_SANDBOX) && !workdir.starts_with("/tmp") {
-        args.push("--dir".into());
-        args.push(workdir.into());
+        push(&["--dir", workdir]);
     }
-    args.extend(["--remount-ro", "/", "--chdir", workdir].map(OsString::from));
-    args.push("--".into());
+    push(&[
+        "--remount-ro",
+        "/etc",
+        "--remount-ro",
+        "/",
+        "--chdir",
+        workdir,
+        "--",
+    ]);
     args.extend(spec.argv.iter().map(OsString::from));
     args
+}
+
+/// What a child does between fork and exec, with nothing but system calls (no allocation): keep
+/// the descriptors it is given across exec, join its control group, lower its limits.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ChildSetup {
+    /// Descriptors to keep open across exec (their close-on-exec flag cleared in the child).
+    pub(crate) keep: Vec<RawFd>,
+    /// `cgroup.procs` descriptors to write `0` to.
+    pub(crate) join: Vec<RawFd>,
+    /// `RLIMIT_NPROC`, when no control group counts the processes but the pod has a host uid
+    /// of its own.
+    pub(crate) nproc: Option<u64>,
+}
+
+impl ChildSetup {
+    #[allow(unsafe_code)]
+    fn run(&self) -> std::io::Result<()> {
+        use rustix::process::{Resource, Rlimit, setrlimit};
+        for fd in &self.keep {
+            // SAFETY: the descriptor is open in the parent (owned by the spawning function until
+            // the child has been started) and therefore in the forked child.
+            let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(*fd) };
+            rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::empty())?;
+        }
+        for fd in &self.join {
+            // SAFETY: as above.
+            let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(*fd) };
+            rustix::io::write(fd, b"0")?;
+        }
+        // No core dumps: they would write the process's memory into the pod's directory.
+        setrlimit(
+            Resource::Core,
+            Rlimit {
+                current: Some(0),
+                maximum: Some(0),
+            },
+        )?;
+        if let Some(limit) = self.nproc {
+            setrlimit(
+                Resource::Nproc,
+                Rlimit {
+                    current: Some(limit),
+                    maximum: Some(limit),
+                },
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Makes `command`'s child keep `fds` across exec (and nothing else of this process's).
+pub(crate) fn inherit(command: &mut std::process::Command, fds: Vec<RawFd>) {
+    let setup = ChildSetup {
+        keep: fds,
+        ..ChildSetup::default()
+    };
+    #[allow(unsafe_code)]
+    // SAFETY: `ChildSetup::run` makes only async-signal-safe system calls (fcntl, write,
+    // setrlimit) and allocates nothing, as code between fork and exec must.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(command, move || setup.run());
+    }
 }
 
 /// The executable of `src/bin/kube-sim-supervisor.rs`, compiled by `build.rs`.
@@ -406,14 +624,20 @@ impl Stopper {
 #[derive(Debug, Default)]
 pub(crate) struct ProcessTable {
     groups: Mutex<HashMap<i32, Stopper>>,
+    /// Set by [`ProcessTable::kill_all`]: a group started after it (by a pod worker that has
+    /// not seen the kubelet stop yet) is stopped at once.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl ProcessTable {
     fn insert(&self, pgid: i32, stopper: Stopper) {
-        self.groups
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(pgid, stopper);
+        let mut groups = self.groups.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+            drop(groups);
+            stopper.stop(pgid);
+            return;
+        }
+        groups.insert(pgid, stopper);
     }
 
     /// Stops group `pgid` (if still registered) and forgets it.
@@ -428,14 +652,13 @@ impl ProcessTable {
         }
     }
 
-    /// Stops every registered group.
+    /// Stops every registered group, and every group registered from now on.
     pub(crate) fn kill_all(&self) {
-        let groups: Vec<(i32, Stopper)> = self
-            .groups
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .drain()
-            .collect();
+        let groups: Vec<(i32, Stopper)> = {
+            let mut groups = self.groups.lock().unwrap_or_else(PoisonError::into_inner);
+            self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+            groups.drain().collect()
+        };
         for (pgid, stopper) in groups {
             stopper.stop(pgid);
         }
@@ -487,12 +710,19 @@ pub(crate) struct GroupGuard {
     in_bwrap: bool,
     table: Arc<ProcessTable>,
     done: bool,
+    /// The container's control group, removed once its processes are gone (dropped after
+    /// [`GroupGuard::kill`]).
+    cgroup: Option<Cgroup>,
+    /// The processes [`GroupGuard::terminate`] sent SIGTERM to.
+    terminated: std::collections::HashSet<i32>,
 }
 
 impl GroupGuard {
-    /// Asks the processes to stop (SIGTERM). Under bubblewrap the monitor process is spared, so
-    /// that it outlives its child and reports its exit status; the supervisor ignores it.
-    pub(crate) fn terminate(&self) {
+    /// Asks the processes to stop (SIGTERM), each once: called again while they stop, it
+    /// reaches those that were not there yet (bubblewrap still setting up when it was first
+    /// called, before it started the program). Under bubblewrap the monitor process is spared,
+    /// so that it outlives its child and reports its exit status; the supervisor ignores it.
+    pub(crate) fn terminate(&mut self) {
         if self.done {
             return;
         }
@@ -501,11 +731,13 @@ impl GroupGuard {
                 .into_iter()
                 .filter(|pid| *pid != self.pgid)
             {
-                if let Some(pid) = Pid::from_raw(pid) {
+                if self.terminated.insert(pid)
+                    && let Some(pid) = Pid::from_raw(pid)
+                {
                     let _ = kill_process(pid, Signal::TERM);
                 }
             }
-        } else {
+        } else if self.terminated.insert(self.pgid) {
             kill_group(self.pgid, Signal::TERM);
         }
     }
@@ -528,6 +760,11 @@ impl GroupGuard {
         }
     }
 
+    /// Whether the kernel killed a process of the container for exceeding its memory limit.
+    pub(crate) fn out_of_memory(&self) -> bool {
+        self.cgroup.as_ref().is_some_and(Cgroup::out_of_memory)
+    }
+
     /// The group id: the leader's pid, bubblewrap's or the supervisor's.
     pub(crate) fn pgid(&self) -> i32 {
         self.pgid
@@ -547,11 +784,80 @@ pub(crate) struct Running {
     pub(crate) guard: GroupGuard,
 }
 
-/// Starts `spec` in a new process group, inside bubblewrap when `bwrap` is true, else under the
-/// supervisor.
+/// What bubblewrap needs open for one start; the descriptors close when it is dropped (after
+/// the child has its copies).
+#[derive(Debug, Default)]
+struct Opened {
+    fds: Vec<OwnedFd>,
+    bind: BindFds,
+    cgroup: Option<Cgroup>,
+}
+
+/// Opens `path` as a path descriptor (close-on-exec; bubblewrap gets it by [`ChildSetup`]).
+fn open_path(path: &Path) -> std::io::Result<OwnedFd> {
+    use rustix::fs::{Mode, OFlags};
+    rustix::fs::open(path, OFlags::PATH | OFlags::CLOEXEC, Mode::empty())
+        .map_err(|error| std::io::Error::other(format!("opening {}: {error}", path.display())))
+}
+
+/// Opens what bubblewrap binds for `spec` and makes its control group.
+fn open_for_bwrap(spec: &LaunchSpec, protections: &Protections) -> std::io::Result<Opened> {
+    let mut opened = Opened::default();
+    let keep = |fd: OwnedFd, opened: &mut Opened| {
+        let raw = fd.as_raw_fd();
+        opened.fds.push(fd);
+        raw
+    };
+    opened.bind.pod_dir = keep(open_path(&spec.pod_dir)?, &mut opened);
+    if let Some(program) = spec.argv.first().filter(|p| !in_system_dirs(p)) {
+        opened.bind.program = Some(keep(open_path(Path::new(program))?, &mut opened));
+    }
+    for mount in &spec.mounts {
+        let fd = keep(open_path(&mount.host)?, &mut opened);
+        opened.bind.mounts.push(fd);
+    }
+    let identity = spec.identity;
+    let home = POD_DIR_IN_SANDBOX;
+    let (uid, gid) = if identity.user_namespace {
+        (identity.uid, identity.gid)
+    } else {
+        (
+            rustix::process::getuid().as_raw(),
+            rustix::process::getgid().as_raw(),
+        )
+    };
+    for (name, text) in [
+        ("passwd", confine::passwd(uid, gid, home)),
+        ("group", confine::group(gid)),
+        (
+            "hosts",
+            confine::hosts(&spec.hostname, spec.pod_ip.as_deref()),
+        ),
+        ("hostname", format!("{}\n", spec.hostname)),
+    ] {
+        let fd = keep(confine::data_fd(name, text.as_bytes())?, &mut opened);
+        opened.bind.etc.push(fd);
+    }
+    if protections.seccomp {
+        let fd = keep(
+            confine::data_fd("seccomp", &crate::seccomp::program())?,
+            &mut opened,
+        );
+        opened.bind.seccomp = Some(fd);
+    }
+    if let (Some((limits, name)), Some(hierarchy)) = (&spec.limits, Hierarchy::detect()) {
+        let cgroup = Cgroup::create(hierarchy, name, limits).map_err(std::io::Error::other)?;
+        opened.cgroup = Some(cgroup);
+    }
+    Ok(opened)
+}
+
+/// Starts `spec` in a new process group, inside bubblewrap (with what `protections` allow) when
+/// `bwrap` is true, else under the supervisor.
 pub(crate) fn spawn(
     spec: &LaunchSpec,
     bwrap: bool,
+    protections: &Protections,
     table: &Arc<ProcessTable>,
 ) -> std::io::Result<Running> {
     let log = std::fs::OpenOptions::new()
@@ -564,12 +870,35 @@ pub(crate) fn spawn(
         .first()
         .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty command"))?;
     let mut stop_pipe = None;
+    let mut opened = None;
     let mut command = if bwrap {
+        let open = open_for_bwrap(spec, protections)?;
         let mut command = tokio::process::Command::new("bwrap");
         command
-            .args(bwrap_args(host_root(), spec))
+            .args(bwrap_args(host_root(), host_etc(), spec, &open.bind))
             .stdin(Stdio::null())
             .kill_on_drop(true);
+        if let Some(id) = spec.identity.host_id {
+            command.uid(id).gid(id);
+        }
+        let setup = ChildSetup {
+            keep: open.fds.iter().map(AsRawFd::as_raw_fd).collect(),
+            join: open
+                .cgroup
+                .as_ref()
+                .map(Cgroup::join_fds)
+                .unwrap_or_default(),
+            nproc: (open.cgroup.is_none() && spec.identity.host_id.is_some())
+                .then(|| spec.limits.as_ref().map(|(limits, _)| limits.pids))
+                .flatten(),
+        };
+        #[allow(unsafe_code)]
+        // SAFETY: `ChildSetup::run` makes only async-signal-safe system calls (fcntl, write,
+        // setrlimit) and allocates nothing, as code between fork and exec must.
+        unsafe {
+            command.pre_exec(move || setup.run());
+        }
+        opened = Some(open);
         command
     } else {
         // No kill_on_drop: a SIGKILLed supervisor would leave the container's processes to
@@ -615,6 +944,8 @@ pub(crate) fn spawn(
             in_bwrap: bwrap,
             table: table.clone(),
             done: false,
+            cgroup: opened.and_then(|open| open.cgroup),
+            terminated: std::collections::HashSet::new(),
         },
     })
 }
@@ -623,113 +954,184 @@ pub(crate) fn spawn(
 mod tests {
     use super::*;
 
+    fn fds() -> BindFds {
+        BindFds {
+            pod_dir: 10,
+            program: None,
+            mounts: vec![11],
+            etc: vec![20, 21, 22, 23],
+            seccomp: Some(30),
+        }
+    }
+
+    fn text(args: Vec<OsString>) -> String {
+        args.into_iter()
+            .map(|a| a.into_string().unwrap())
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
     #[test]
-    fn bwrap_command_line_builds_a_read_only_root_with_a_writable_pod_dir() {
+    fn bwrap_command_line_shows_only_the_system_directories_and_the_pod_dir() {
         let root = vec![
             RootEntry::Dir("usr".into()),
             RootEntry::Symlink("bin".into(), "usr/bin".into()),
-            RootEntry::Dir("proc".into()),
-            RootEntry::Dir("tmp".into()),
         ];
+        let etc = vec!["/etc/ssl/certs".to_owned()];
         let spec = LaunchSpec {
             argv: vec!["/usr/bin/sh".into(), "-c".into(), "true".into()],
             hostname: "pod-a".into(),
             pod_dir: PathBuf::from("/sim/pods/a"),
+            identity: Identity {
+                uid: 1000,
+                gid: 1000,
+                user_namespace: true,
+                host_id: Some(7),
+            },
             ..LaunchSpec::default()
         };
-        let args: Vec<String> = bwrap_args(&root, &spec)
-            .into_iter()
-            .map(|a| a.into_string().unwrap())
-            .collect();
-        let text = args.join(" ");
+        let text = text(bwrap_args(&root, &etc, &spec, &fds()));
         assert!(
-            text.starts_with("--tmpfs / --ro-bind /usr /usr --symlink usr/bin /bin "),
+            text.starts_with(
+                "--tmpfs / --ro-bind /usr /usr --symlink usr/bin /bin --tmpfs /etc \
+                 --ro-bind /etc/ssl/certs /etc/ssl/certs --ro-bind-data 20 /etc/passwd \
+                 --ro-bind-data 21 /etc/group --ro-bind-data 22 /etc/hosts \
+                 --ro-bind-data 23 /etc/hostname "
+            ),
             "{text}"
         );
-        assert!(!text.contains("--ro-bind /proc"));
         assert!(text.contains("--hostname pod-a"));
-        assert!(text.contains("--bind /sim/pods/a /app"));
         assert!(
-            text.ends_with("--remount-ro / --chdir /app -- /usr/bin/sh -c true"),
+            text.contains("--unshare-user --uid 1000 --gid 1000 --disable-userns --cap-drop ALL"),
+            "{text}"
+        );
+        assert!(text.contains("--seccomp 30"));
+        assert!(text.contains("--bind-fd 10 /app"));
+        assert!(
+            text.ends_with("--remount-ro /etc --remount-ro / --chdir /app -- /usr/bin/sh -c true"),
+            "{text}"
+        );
+        // A program of the workspace is bound alone, at its own path.
+        let outside = LaunchSpec {
+            argv: vec!["/work/target/debug/sandbox-runtime".into()],
+            ..spec.clone()
+        };
+        let with_program = BindFds {
+            program: Some(12),
+            ..fds()
+        };
+        let text = self::text(bwrap_args(&root, &etc, &outside, &with_program));
+        assert!(
+            text.contains("--ro-bind-fd 12 /work/target/debug/sandbox-runtime"),
             "{text}"
         );
     }
 
     #[test]
-    fn a_mount_point_below_a_read_only_host_directory_splits_that_directory() {
+    fn the_pods_view_excludes_homes_var_and_credentials() {
+        for name in [
+            "root", "home", "var", "opt", "srv", "run", "mnt", "tmp", "work",
+        ] {
+            assert!(!SYSTEM_DIRS.contains(&name), "{name}");
+        }
+        for entry in ETC_ENTRIES {
+            for secret in ["shadow", "ssh", "sudoers", "private", "kube", "gshadow"] {
+                assert!(!entry.contains(secret), "{entry}");
+            }
+        }
+        assert!(in_system_dirs("/usr/bin/python3"));
+        assert!(in_system_dirs("/bin/sh"));
+        assert!(!in_system_dirs("/tmp/x/script"));
+        assert!(!in_system_dirs("/root/.cargo/bin/x"));
+    }
+
+    #[test]
+    fn a_mount_point_below_a_host_directory_splits_that_directory() {
         let spec = LaunchSpec {
             argv: vec!["/usr/bin/true".into()],
             pod_dir: PathBuf::from("/sim/pods/a"),
             mounts: vec![Mount {
                 host: PathBuf::from("/sim/pods/a/volumes/key"),
-                dest: "/etc/app/key".into(),
+                dest: "/usr/local/app/key".into(),
                 read_only: true,
             }],
             splits: vec![Split {
-                dir: "/etc".into(),
+                dir: "/usr/local".into(),
                 entries: vec![
-                    RootEntry::File("hosts".into()),
-                    RootEntry::Dir("ssl".into()),
-                    RootEntry::Symlink("mtab".into(), "../proc/mounts".into()),
+                    RootEntry::Dir("bin".into()),
+                    RootEntry::File("README".into()),
+                    RootEntry::Symlink("man".into(), "share/man".into()),
                 ],
             }],
             ..LaunchSpec::default()
         };
-        let text = bwrap_args(&[RootEntry::Dir("etc".into())], &spec)
-            .into_iter()
-            .map(|a| a.into_string().unwrap())
-            .collect::<Vec<_>>()
-            .join(" ");
-        let expected = "--tmpfs /etc --ro-bind /etc/hosts /etc/hosts --ro-bind /etc/ssl /etc/ssl \
-             --symlink ../proc/mounts /etc/mtab --dir /etc/app/key \
-             --ro-bind /sim/pods/a/volumes/key /etc/app/key --remount-ro /etc --remount-ro /";
+        let text = text(bwrap_args(
+            &[RootEntry::Dir("usr".into())],
+            &[],
+            &spec,
+            &fds(),
+        ));
+        let expected = "--tmpfs /usr/local --ro-bind /usr/local/bin /usr/local/bin \
+             --ro-bind /usr/local/README /usr/local/README \
+             --symlink share/man /usr/local/man --dir /usr/local/app/key \
+             --ro-bind-fd 11 /usr/local/app/key --remount-ro /usr/local --remount-ro /etc";
         assert!(text.contains(expected), "{text}");
-        assert!(text.starts_with("--tmpfs / --ro-bind /etc /etc "), "{text}");
+        assert!(text.starts_with("--tmpfs / --ro-bind /usr /usr "), "{text}");
     }
 
     #[test]
     fn mount_paths_resolve_host_symlinks_and_split_the_deepest_existing_directory() {
-        // Not under /tmp, which the sandbox makes its own (no split there).
-        let scratch = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
-        let real = scratch.path().join("real");
-        std::fs::create_dir_all(real.join("present")).unwrap();
-        std::fs::write(real.join("file"), "x").unwrap();
-        std::os::unix::fs::symlink(&real, scratch.path().join("link")).unwrap();
-        let real = std::fs::canonicalize(&real).unwrap();
-        let link = std::fs::canonicalize(scratch.path()).unwrap().join("link");
-        let dest = |rest: &str| format!("{}/{rest}", link.display());
+        // Below /usr the sandbox shows the host's tree: a mount point is made on a split.
         let (mounts, splits) = prepare_mounts(vec![
-            (PathBuf::from("/v/a"), dest("present"), true),
-            (PathBuf::from("/v/b"), dest("new/deeper"), false),
+            (
+                PathBuf::from("/v/a"),
+                "/usr/share/agent-sandbox-test/x".into(),
+                true,
+            ),
+            // /bin is the host's symlink to usr/bin on a merged /usr.
+            (
+                PathBuf::from("/v/b"),
+                "/bin/agent-sandbox-test".into(),
+                false,
+            ),
             (PathBuf::from("/v/c"), "/tmp/x".into(), false),
+            // Elsewhere the root is the sandbox's own: no split, whatever the host has there.
+            (PathBuf::from("/v/d"), "/var/lib/data".into(), false),
+            (PathBuf::from("/v/e"), "/etc/app/key".into(), true),
         ])
         .unwrap();
-        let real = real.display().to_string();
+        let bin = std::fs::canonicalize("/bin").unwrap().display().to_string();
         assert_eq!(
             mounts.iter().map(|m| m.dest.as_str()).collect::<Vec<_>>(),
             [
-                format!("{real}/present").as_str(),
-                format!("{real}/new/deeper").as_str(),
-                "/tmp/x"
+                "/usr/share/agent-sandbox-test/x",
+                format!("{bin}/agent-sandbox-test").as_str(),
+                "/tmp/x",
+                "/var/lib/data",
+                "/etc/app/key"
             ]
         );
-        assert_eq!(splits.len(), 1, "{splits:?}");
-        assert_eq!(splits[0].dir, real);
-        assert!(splits[0].entries.contains(&RootEntry::File("file".into())));
-        assert!(
-            splits[0]
-                .entries
-                .contains(&RootEntry::Dir("present".into()))
-        );
+        let mut dirs: Vec<&str> = splits.iter().map(|s| s.dir.as_str()).collect();
+        dirs.sort_unstable();
+        let mut expected = vec![bin.as_str(), "/usr/share"];
+        expected.sort_unstable();
+        assert_eq!(dirs, expected);
         assert!(prepare_mounts(vec![(PathBuf::from("/v"), "rel".into(), true)]).is_err());
         assert!(prepare_mounts(vec![(PathBuf::from("/v"), "/a/../b".into(), true)]).is_err());
-        let file = format!("{real}/file/below");
-        assert!(prepare_mounts(vec![(PathBuf::from("/v"), file, true)]).is_err());
+        assert!(
+            prepare_mounts(vec![(
+                PathBuf::from("/v"),
+                "/usr/bin/env/below".into(),
+                true
+            )])
+            .is_err()
+        );
     }
 
     #[test]
     fn isolation_parses() {
         assert_eq!("bwrap".parse::<Isolation>(), Ok(Isolation::Bwrap));
+        assert_eq!("strict".parse::<Isolation>(), Ok(Isolation::Strict));
         assert!("docker".parse::<Isolation>().is_err());
     }
 }

@@ -326,6 +326,22 @@ pub(crate) fn write_files(dir: &Path, files: &[File]) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Gives `path` and everything below it (symlinks themselves, never what they point to) to
+/// uid and gid `id`, skipping what is already theirs.
+pub(crate) fn chown_tree(path: &Path, id: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt as _;
+    let metadata = std::fs::symlink_metadata(path)?;
+    if metadata.uid() != id || metadata.gid() != id {
+        std::os::unix::fs::lchown(path, Some(id), Some(id))?;
+    }
+    if metadata.is_dir() {
+        for entry in std::fs::read_dir(path)? {
+            chown_tree(&entry?.path(), id)?;
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -95,13 +95,20 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     /// Whether the configuration the sim was given cannot be used (the port, the data
-    /// directory, the kubeconfig path, bubblewrap isolation without bubblewrap), rather than
+    /// directory, the kubeconfig path, bubblewrap isolation without bubblewrap, strict isolation
+    /// where a protection is missing), rather than
     /// something failing in the sim itself: `kube-sim` exits with code 2 for these, as for a bad
     /// command line.
     pub fn is_configuration(&self) -> bool {
         matches!(
             self,
-            Self::DataDir { .. } | Self::Bind { .. } | Self::Kubeconfig { .. } | Self::NoBwrap
+            Self::DataDir { .. }
+                | Self::Bind { .. }
+                | Self::Kubeconfig { .. }
+                | Self::NoBwrap
+                | Self::Kubelet {
+                    source: agent_sandbox_kubelet::Error::NotStrict { .. }
+                }
         )
     }
 }

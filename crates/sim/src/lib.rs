@@ -55,7 +55,8 @@ use tokio::task::JoinSet;
 
 // The kubelet's configuration types, where the sim's users have always found them.
 pub use agent_sandbox_kubelet::{
-    DefaultReadiness, ImageEntry, ImageTable, Isolation, Program, bwrap_available, runtime_entry,
+    DefaultReadiness, ImageEntry, ImageTable, Isolation, Program, Protections, bwrap_available,
+    runtime_entry,
 };
 pub use api_error::ApiError;
 pub use error::{Error, Result};
@@ -433,6 +434,11 @@ impl Sim {
     /// The directory holding pods' directories and logs.
     pub fn data_dir(&self) -> &Path {
         &self.data_dir
+    }
+
+    /// What pods are confined by on this machine (and what they lack).
+    pub fn protections(&self) -> &Protections {
+        self.kubelet.protections()
     }
 
     /// The isolation pods actually get (`Auto` resolved).

@@ -30,7 +30,8 @@ struct Args {
     /// Port on 127.0.0.1 (0: chosen by the OS).
     #[arg(long, env = "KUBE_SIM_PORT", default_value_t = 0)]
     port: u16,
-    /// Pod isolation: auto (bubblewrap when available), bwrap or none.
+    /// Pod isolation: auto (the strongest this machine supports), bwrap, strict (refuse to
+    /// start unless every protection works) or none.
     #[arg(long, env = "KUBE_SIM_ISOLATION", default_value = "auto")]
     isolation: Isolation,
     /// Directory for pods' files and logs (default: a temporary directory).
@@ -125,6 +126,7 @@ fn hint(error: &anyhow::Error) -> &'static str {
         Some(Error::DataDir { .. }) => "; choose another --data-dir",
         Some(Error::Kubeconfig { .. }) => "; choose another --kubeconfig",
         Some(Error::NoBwrap) => "; install bubblewrap or use --isolation auto or none",
+        Some(Error::Kubelet { .. }) => "; or use --isolation auto, which reports what is missing",
         _ => "",
     }
 }
