@@ -154,7 +154,8 @@ pub struct DevArgs {
     /// Port of the router on 127.0.0.1 (0: any free port).
     #[arg(long, default_value_t = 0)]
     pub router_port: u16,
-    /// Pod isolation: auto (bubblewrap when it works), bwrap, none.
+    /// Pod isolation: auto (the strongest this machine supports), bwrap, strict (refuse to start
+    /// unless every protection works: docs/cli.md "Local mode isolation"), none.
     #[arg(long, default_value = "auto")]
     pub isolation: Isolation,
     /// Router authentication: token (one random bearer token), scoped (a token per sandbox,
@@ -204,7 +205,8 @@ pub struct RunArgs {
     /// Give up waiting for a ready sandbox after this long.
     #[arg(long, value_parser = parse_duration, value_name = "DURATION", default_value = "2m")]
     pub wait_timeout: Duration,
-    /// Pod isolation of the local cluster (`--local`): auto, bwrap, none.
+    /// Pod isolation of the local cluster (`--local`): auto (the strongest this machine
+    /// supports), bwrap, strict (refuse to start unless every protection works), none.
     #[arg(long, default_value = "auto")]
     pub isolation: Isolation,
     /// How to run the command.

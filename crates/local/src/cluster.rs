@@ -132,14 +132,9 @@ pub struct LocalCluster {
     auth: RouterAuth,
     secret: Option<(String, PathBuf)>,
     router_pod_url: Option<String>,
-    /// The kubeconfig router pods read: in the data directory, which pods can see (a
-    /// `LocalConfig::kubeconfig` elsewhere, under `/tmp` say, may be out of their sight).
-    router_pod_kubeconfig: PathBuf,
     pool_replicas: i32,
     gateway: bool,
     controller_config: Option<agent_sandbox_controller::Config>,
-    // Removed after the sim has killed the pods that used it.
-    _pod_visible_dir: Option<tempfile::TempDir>,
 }
 
 impl std::fmt::Debug for LocalCluster {
@@ -166,23 +161,7 @@ impl LocalCluster {
     pub async fn start(config: LocalConfig) -> Result<Self> {
         // Idempotent; kube's TLS stack needs one provider installed even for plain HTTP clients.
         let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-        // A router pod reads its kubeconfig and secret from the data directory, so that must be
-        // outside /tmp (bubblewrapped pods get a private one).
-        let pod_visible_dir = match (&config.data_dir, &config.router_pod) {
-            (None, Some(_)) => Some(
-                agent_sandbox_sim::test_support::pod_visible_dir("agent-sandbox-local-").map_err(
-                    Error::io(
-                        "create a data directory pods can read in",
-                        "target/ or /var/tmp",
-                    ),
-                )?,
-            ),
-            _ => None,
-        };
-        let data_dir = config
-            .data_dir
-            .clone()
-            .or_else(|| pod_visible_dir.as_ref().map(|dir| dir.path().to_path_buf()));
+        let data_dir = config.data_dir.clone();
         let secret_file = match config.router_auth {
             RouterAuth::Token => Some(TOKEN_FILE),
             RouterAuth::Scoped => Some(SIGNING_KEY_FILE),
@@ -201,15 +180,7 @@ impl LocalCluster {
             sim_config = sim_config.kubeconfig(path);
         }
         if let Some(binary) = &config.router_pod {
-            let secret = data_dir
-                .as_deref()
-                .zip(secret_file)
-                .map(|(dir, file)| dir.join(file));
-            sim_config = sim_config.image(router_pod::image_entry(
-                binary,
-                config.router_auth,
-                secret.as_deref(),
-            ));
+            sim_config = sim_config.image(router_pod::image_entry(binary, config.router_auth));
         }
         let sim = Sim::start(sim_config)
             .await
@@ -230,22 +201,9 @@ impl LocalCluster {
             None => None,
         };
 
-        let router_pod_kubeconfig = if config.router_pod.is_some()
-            && sim.kubeconfig_path().parent() != Some(sim.data_dir())
-        {
-            let copy = sim.data_dir().join("router-pod.kubeconfig");
-            std::fs::copy(sim.kubeconfig_path(), &copy).map_err(Error::io(
-                "copy the kubeconfig for the router pods to",
-                &copy,
-            ))?;
-            copy
-        } else {
-            sim.kubeconfig_path().to_path_buf()
-        };
         let mut cluster = Self {
             router: None,
             controller: None,
-            router_pod_kubeconfig,
             client,
             auth: config.router_auth,
             secret,
@@ -254,7 +212,6 @@ impl LocalCluster {
             gateway: config.gateway,
             controller_config: config.controller.clone(),
             sim,
-            _pod_visible_dir: pod_visible_dir,
         };
         let secret = cluster.secret.as_ref().map(|(secret, _)| secret.clone());
         if config.in_process_router {
@@ -270,12 +227,17 @@ impl LocalCluster {
         }
         cluster.start_controller();
         if config.router_pod.is_some() {
-            let signing_key = secret
-                .as_deref()
-                .filter(|_| config.router_auth == RouterAuth::Scoped);
-            let ip =
-                router_pod::install(&cluster.client, &cluster.router_pod_kubeconfig, signing_key)
-                    .await?;
+            let kubeconfig =
+                std::fs::read_to_string(cluster.sim.kubeconfig_path()).map_err(Error::io(
+                    "read the kubeconfig for the router pods",
+                    cluster.sim.kubeconfig_path(),
+                ))?;
+            let files = router_pod::RouterFiles {
+                kubeconfig: &kubeconfig,
+                auth: config.router_auth,
+                secret: secret.as_deref(),
+            };
+            let ip = router_pod::install(&cluster.client, files).await?;
             cluster.router_pod_url = Some(format!("http://{ip}:{}", wire::ROUTER_PORT));
             if config.gateway && cluster.router.is_none() {
                 router_pod::write_gateway(&cluster.client, &ip, wire::ROUTER_PORT).await?;
@@ -378,6 +340,11 @@ impl LocalCluster {
     /// The data directory (pods' directories and logs, the router's secret).
     pub fn data_dir(&self) -> &Path {
         self.sim.data_dir()
+    }
+
+    /// What pods are confined by here, and what they lack.
+    pub fn protections(&self) -> &agent_sandbox_sim::Protections {
+        self.sim.protections()
     }
 
     /// The pod isolation in effect.
@@ -488,7 +455,7 @@ impl LocalCluster {
     /// Creates another router pod named `name` behind `sandbox-router-svc` (a replacement for a
     /// deleted one; it runs the binary of [`LocalConfig::router_pod`]).
     pub async fn create_router_pod(&self, name: &str) -> Result<()> {
-        router_pod::create_pod(&self.client, &self.router_pod_kubeconfig, name).await
+        router_pod::create_pod(&self.client, self.auth, name).await
     }
 
     /// Waits until the default pool has at least `ready` ready sandboxes, calling `progress`
@@ -535,7 +502,6 @@ impl LocalCluster {
             router,
             controller,
             sim,
-            _pod_visible_dir: pod_visible_dir,
             ..
         } = self;
         if let Some(router) = router {
@@ -547,6 +513,5 @@ impl LocalCluster {
             tracing::warn!(%error, "stopping the local controller");
         }
         sim.stop().await;
-        drop(pod_visible_dir);
     }
 }

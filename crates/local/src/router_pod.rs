@@ -2,8 +2,10 @@
 //! `app: sandbox-router` behind `sandbox-router-svc` in `agent-sandbox-system` (where the SDK's
 //! port-forward mode and the controller's default NetworkPolicy expect it), and another in the
 //! sandboxes' namespace (where upstream's Go SDK looks), each with its signing key in the Secret
-//! `cargo xtask cluster up` creates; and the Gateway a Gateway implementation
-//! would program in front of a router. [`image_entry`], [`create_pod`], [`wait_ready`] and
+//! `cargo xtask cluster up` creates (or its bearer token in [`TOKEN_SECRET`]) and its
+//! kubeconfig in [`KUBECONFIG_SECRET`], mounted as volumes as deploy/base mounts the key: a pod
+//! sees none of the host's files; and the Gateway a Gateway implementation would program in
+//! front of a router. [`image_entry`], [`create_pod`], [`wait_ready`] and
 //! [`write_gateway`] also serve other clusters whose node is our kubelet (the control-plane
 //! tier of `tests/`).
 
@@ -27,6 +29,16 @@ use crate::wait::{Check, wait_for};
 const ROUTER_IMAGE: &str = "agent-sandbox/sandbox-router:local";
 /// How long the router pod may take to become Ready.
 const ROUTER_READY: Duration = Duration::from_secs(120);
+/// The Secret holding the kubeconfig the router pods use (key [`KUBECONFIG_KEY`]).
+pub const KUBECONFIG_SECRET: &str = "sandbox-router-kubeconfig";
+const KUBECONFIG_KEY: &str = "kubeconfig";
+const KUBECONFIG_DIR: &str = "/etc/sandbox-router/kubeconfig";
+/// The Secret holding the router pods' bearer token for `--auth token` (key [`TOKEN_KEY`]).
+pub const TOKEN_SECRET: &str = "sandbox-router-token";
+const TOKEN_KEY: &str = "token";
+const TOKEN_DIR: &str = "/etc/sandbox-router/token";
+/// Where deploy/base's router mounts its signing key.
+const SIGNING_KEY_DIR: &str = "/etc/sandbox-router/signing-key";
 
 fn from_json<T: serde::de::DeserializeOwned>(
     what: &'static str,
@@ -38,19 +50,21 @@ fn from_json<T: serde::de::DeserializeOwned>(
     })
 }
 
-/// The image-table row that runs `binary` as the router pod, with `auth` and its secret file.
-pub fn image_entry(binary: &Path, auth: RouterAuth, secret: Option<&Path>) -> ImageEntry {
+/// The image-table row that runs `binary` as the router pod with `auth`, reading its token or
+/// signing key from the volume [`create_pod`] mounts.
+pub fn image_entry(binary: &Path, auth: RouterAuth) -> ImageEntry {
     let mut args = vec![
         format!("--listen={{pod_ip}}:{}", wire::ROUTER_PORT),
         format!("--auth={}", auth.flag()),
         "--access-log=false".to_owned(),
     ];
-    match (auth, secret) {
-        (RouterAuth::Token, Some(file)) => args.push(format!("--token-file={}", file.display())),
-        (RouterAuth::Scoped, Some(file)) => {
-            args.push(format!("--signing-key-file={}", file.display()));
-        }
-        _ => {}
+    match auth {
+        RouterAuth::Token => args.push(format!("--token-file={TOKEN_DIR}/{TOKEN_KEY}")),
+        RouterAuth::Scoped => args.push(format!(
+            "--signing-key-file={SIGNING_KEY_DIR}/{}",
+            wire::ROUTER_SIGNING_KEY_SECRET_KEY
+        )),
+        RouterAuth::None => {}
     }
     ImageEntry::new("*sandbox-router*", Program::Path(binary.to_path_buf()))
         .args(args)
@@ -61,29 +75,50 @@ pub fn image_entry(binary: &Path, auth: RouterAuth, secret: Option<&Path>) -> Im
         })
 }
 
+/// What the router pods are given: their kubeconfig's text, how they authenticate and the
+/// token or signing key that goes with it.
+#[derive(Clone, Copy, Debug)]
+pub struct RouterFiles<'a> {
+    pub kubeconfig: &'a str,
+    pub auth: RouterAuth,
+    pub secret: Option<&'a str>,
+}
+
 /// Installs the router as `deploy/overlays/kind` does: in `agent-sandbox-system`, and in the
 /// sandboxes' namespace for upstream's Go SDK (`deploy/sandboxes/namespace-router`), each with
-/// its signing-key Secret (for `Some(key)`), `sandbox-router-svc` and a pod (which reads
-/// `kubeconfig`); waits until the pods are Ready and returns the IP of the one in
-/// `agent-sandbox-system`.
-pub(crate) async fn install(
-    client: &kube::Client,
-    kubeconfig: &Path,
-    signing_key: Option<&str>,
-) -> Result<String> {
+/// its Secrets (kubeconfig; signing key or token), `sandbox-router-svc` and a pod; waits until
+/// the pods are Ready and returns the IP of the one in `agent-sandbox-system`.
+pub(crate) async fn install(client: &kube::Client, files: RouterFiles<'_>) -> Result<String> {
     for ns in [wire::SYSTEM_NAMESPACE, DEFAULT_NAMESPACE] {
-        install_in(client, kubeconfig, signing_key, ns).await?;
+        install_in(client, files, ns).await?;
     }
     wait_ready_in(client, DEFAULT_NAMESPACE, ROUTER_POD).await?;
     wait_ready(client, ROUTER_POD).await
 }
 
-async fn install_in(
+async fn create_secret(
     client: &kube::Client,
-    kubeconfig: &Path,
-    signing_key: Option<&str>,
     ns: &str,
+    name: &str,
+    key: &str,
+    value: &str,
 ) -> Result<()> {
+    let mut secret: Secret = from_json(
+        "a router Secret",
+        json!({"metadata": {"name": name, "namespace": ns}}),
+    )?;
+    secret.data = Some(BTreeMap::from([(
+        key.to_owned(),
+        k8s_openapi::ByteString(value.as_bytes().to_vec()),
+    )]));
+    Api::<Secret>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &secret)
+        .await
+        .map_err(Error::kube("create", format!("Secret {ns}/{name}")))?;
+    Ok(())
+}
+
+async fn install_in(client: &kube::Client, files: RouterFiles<'_>, ns: &str) -> Result<()> {
     let post = PostParams::default();
     let namespace: Namespace =
         from_json("the router Namespace", json!({"metadata": {"name": ns}}))?;
@@ -95,22 +130,29 @@ async fn install_in(
         Err(kube::Error::Api(status)) if status.code == 409 => {}
         Err(error) => return Err(Error::kube("create", format!("Namespace {ns}"))(error)),
     }
-    if let Some(key) = signing_key {
-        let mut secret: Secret = from_json(
-            "the signing-key Secret",
-            json!({"metadata": {"name": wire::ROUTER_SIGNING_KEY_SECRET, "namespace": ns}}),
-        )?;
-        secret.data = Some(BTreeMap::from([(
-            wire::ROUTER_SIGNING_KEY_SECRET_KEY.to_owned(),
-            k8s_openapi::ByteString(key.as_bytes().to_vec()),
-        )]));
-        Api::<Secret>::namespaced(client.clone(), ns)
-            .create(&post, &secret)
-            .await
-            .map_err(Error::kube(
-                "create",
-                format!("Secret {ns}/{}", wire::ROUTER_SIGNING_KEY_SECRET),
-            ))?;
+    create_secret(
+        client,
+        ns,
+        KUBECONFIG_SECRET,
+        KUBECONFIG_KEY,
+        files.kubeconfig,
+    )
+    .await?;
+    match (files.auth, files.secret) {
+        (RouterAuth::Scoped, Some(key)) => {
+            create_secret(
+                client,
+                ns,
+                wire::ROUTER_SIGNING_KEY_SECRET,
+                wire::ROUTER_SIGNING_KEY_SECRET_KEY,
+                key,
+            )
+            .await?;
+        }
+        (RouterAuth::Token, Some(token)) => {
+            create_secret(client, ns, TOKEN_SECRET, TOKEN_KEY, token).await?;
+        }
+        _ => {}
     }
     let service: Service = from_json(
         "the router Service",
@@ -128,21 +170,35 @@ async fn install_in(
             "create",
             format!("Service {ns}/{}", wire::ROUTER_SERVICE),
         ))?;
-    create_pod_in(client, kubeconfig, ns, ROUTER_POD).await
+    create_pod_in(client, files.auth, ns, ROUTER_POD).await
 }
 
 /// Creates (another) router pod named `name` behind `sandbox-router-svc` in
-/// `agent-sandbox-system`.
-pub async fn create_pod(client: &kube::Client, kubeconfig: &Path, name: &str) -> Result<()> {
-    create_pod_in(client, kubeconfig, wire::SYSTEM_NAMESPACE, name).await
+/// `agent-sandbox-system`, authenticating with `auth` (its Secrets are there already).
+pub async fn create_pod(client: &kube::Client, auth: RouterAuth, name: &str) -> Result<()> {
+    create_pod_in(client, auth, wire::SYSTEM_NAMESPACE, name).await
 }
 
 async fn create_pod_in(
     client: &kube::Client,
-    kubeconfig: &Path,
+    auth: RouterAuth,
     ns: &str,
     name: &str,
 ) -> Result<()> {
+    let mut volumes = vec![json!({"name": "kubeconfig",
+        "secret": {"secretName": KUBECONFIG_SECRET, "defaultMode": 0o400}})];
+    let mut mounts =
+        vec![json!({"name": "kubeconfig", "mountPath": KUBECONFIG_DIR, "readOnly": true})];
+    let auth_volume = match auth {
+        RouterAuth::Token => Some((TOKEN_SECRET, TOKEN_DIR)),
+        RouterAuth::Scoped => Some((wire::ROUTER_SIGNING_KEY_SECRET, SIGNING_KEY_DIR)),
+        RouterAuth::None => None,
+    };
+    if let Some((secret, dir)) = auth_volume {
+        volumes
+            .push(json!({"name": "auth", "secret": {"secretName": secret, "defaultMode": 0o400}}));
+        mounts.push(json!({"name": "auth", "mountPath": dir, "readOnly": true}));
+    }
     let pod: Pod = from_json(
         "the router Pod",
         json!({
@@ -151,19 +207,23 @@ async fn create_pod_in(
             // The security context of deploy/base's router, which Pod Security admission
             // ("restricted", the label of its namespace there) requires.
             "spec": {
-                // deploy/base's ServiceAccount; the pod reads its credentials from `kubeconfig`.
+                // deploy/base's ServiceAccount; the pod reads its credentials from the
+                // kubeconfig Secret.
                 "serviceAccountName": "sandbox-router",
                 "automountServiceAccountToken": false,
                 "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "runAsGroup": 65532,
                                     "seccompProfile": {"type": "RuntimeDefault"}},
                 "containers": [{
                     "name": "router", "image": ROUTER_IMAGE,
-                    "env": [{"name": "KUBECONFIG", "value": kubeconfig.display().to_string()}],
+                    "env": [{"name": "KUBECONFIG",
+                             "value": format!("{KUBECONFIG_DIR}/{KUBECONFIG_KEY}")}],
                     "ports": [{"name": "http", "containerPort": wire::ROUTER_PORT}],
+                    "volumeMounts": mounts,
                     "securityContext": {"allowPrivilegeEscalation": false,
                                         "readOnlyRootFilesystem": true,
                                         "capabilities": {"drop": ["ALL"]}}
-                }]
+                }],
+                "volumes": volumes
             }
         }),
     )?;

@@ -3,8 +3,7 @@
 use std::time::Duration;
 
 use agent_sandbox_local::{
-    DEFAULT_NAMESPACE, DEFAULT_POOL, DEFAULT_TEMPLATE, Isolation, LocalCluster, LocalConfig,
-    RouterAuth,
+    DEFAULT_NAMESPACE, DEFAULT_POOL, DEFAULT_TEMPLATE, LocalCluster, LocalConfig, RouterAuth,
 };
 
 use crate::cli::{DevArgs, ENV_ROUTER_TOKEN, ENV_ROUTER_URL, ENV_SIGNING_KEY_FILE};
@@ -15,16 +14,11 @@ use crate::spinner::Spinner;
 pub async fn dev(args: DevArgs) -> Result<i32> {
     let auth: RouterAuth = args.auth.parse().map_err(Error::Usage)?;
     // The router also as a pod behind `sandbox-router-svc`, as an installation has it (upstream's
-    // SDKs' default modes port-forward to that Service), when its binary sits next to ours and
-    // the data directory is one pods can read (bubblewrapped pods have a /tmp of their own).
-    let pods_see_data = args
-        .data_dir
-        .as_deref()
-        .is_none_or(|dir| !dir.starts_with("/tmp") || args.isolation == Isolation::None);
+    // SDKs' default modes port-forward to that Service), when its binary sits next to ours.
     let router_pod = std::env::current_exe()
         .ok()
         .and_then(|exe| exe.parent().map(|dir| dir.join("sandbox-router")))
-        .filter(|path| path.is_file() && pods_see_data);
+        .filter(|path| path.is_file());
     let config = LocalConfig {
         router_pod,
         data_dir: args.data_dir.clone(),
@@ -94,6 +88,7 @@ fn banner(cluster: &LocalCluster, replicas: i32) -> String {
     format!(
         "\
 Local agent-sandbox cluster is up (simulated API, controller, router; pods are local processes, isolation: {isolation:?}).
+Sandboxes: {protections}.
 
   API server    {api}
   kubeconfig    {kubeconfig}
@@ -120,14 +115,15 @@ From Rust (the SDK, crate agent-sandbox), with that environment:
 Ctrl-C stops everything.
 ",
         isolation = cluster.isolation(),
+        protections = cluster.protections().summary(),
         router_pod = match cluster.router_pod_url() {
             Some(url) => format!(
                 "{url} behind {}/{} (port-forward mode)",
                 agent_sandbox_api::wire::SYSTEM_NAMESPACE,
                 agent_sandbox_api::wire::ROUTER_SERVICE
             ),
-            None => "none (it needs the sandbox-router binary next to sandboxctl and a data \
-                     directory outside /tmp: port-forward mode has no Service to reach)"
+            None => "none (it needs the sandbox-router binary next to sandboxctl: \
+                     port-forward mode has no Service to reach)"
                 .to_owned(),
         },
         api = cluster.api_url(),
