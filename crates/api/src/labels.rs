@@ -106,3 +106,83 @@ pub const NAMESPACE_NAME: &str = "kubernetes.io/metadata.name";
 /// Written by the cluster (or the sim). Read by the SDK's port-forward mode to find a ready
 /// router pod.
 pub const ENDPOINTSLICE_SERVICE_NAME: &str = "kubernetes.io/service-name";
+
+/// Whether `selector` selects an object with `labels`, as `metav1.LabelSelectorAsSelector`
+/// decides: every `matchLabels` pair and every `matchExpressions` requirement must hold (`In`,
+/// `NotIn`, `Exists`, `DoesNotExist`); an empty selector selects everything. An unknown
+/// operator selects nothing (the API server refuses one).
+pub fn selector_matches(
+    selector: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+    labels: &std::collections::BTreeMap<String, String>,
+) -> bool {
+    let pairs = selector
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(key, value)| labels.get(key) == Some(value));
+    let expressions = selector
+        .match_expressions
+        .iter()
+        .flatten()
+        .all(|requirement| {
+            let value = labels.get(&requirement.key);
+            let listed = |v: &String| requirement.values.iter().flatten().any(|w| w == v);
+            match requirement.operator.as_str() {
+                "In" => value.is_some_and(listed),
+                "NotIn" => !value.is_some_and(listed),
+                "Exists" => value.is_some(),
+                "DoesNotExist" => value.is_none(),
+                _ => false,
+            }
+        });
+    pairs && expressions
+}
+
+#[cfg(test)]
+mod selector_tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn selectors_match_as_kubernetes_matches_them() {
+        let labels = BTreeMap::from([
+            ("app".to_owned(), "sandbox-router".to_owned()),
+            ("tier".to_owned(), "edge".to_owned()),
+        ]);
+        assert!(selector_matches(&LabelSelector::default(), &labels));
+        assert!(selector_matches(
+            &LabelSelector::default(),
+            &BTreeMap::new()
+        ));
+        let by_label = LabelSelector {
+            match_labels: Some(BTreeMap::from([(
+                "app".to_owned(),
+                "sandbox-router".to_owned(),
+            )])),
+            match_expressions: None,
+        };
+        assert!(selector_matches(&by_label, &labels));
+        assert!(!selector_matches(&by_label, &BTreeMap::new()));
+        let expression = |operator: &str, values: &[&str]| LabelSelector {
+            match_labels: None,
+            match_expressions: Some(vec![LabelSelectorRequirement {
+                key: "tier".to_owned(),
+                operator: operator.to_owned(),
+                values: Some(values.iter().map(|v| (*v).to_owned()).collect()),
+            }]),
+        };
+        assert!(selector_matches(
+            &expression("In", &["edge", "core"]),
+            &labels
+        ));
+        assert!(!selector_matches(&expression("NotIn", &["edge"]), &labels));
+        assert!(selector_matches(
+            &expression("NotIn", &["edge"]),
+            &BTreeMap::new()
+        ));
+        assert!(selector_matches(&expression("Exists", &[]), &labels));
+        assert!(!selector_matches(&expression("DoesNotExist", &[]), &labels));
+        assert!(!selector_matches(&expression("Near", &[]), &labels));
+    }
+}

@@ -41,6 +41,9 @@ pub struct Protections {
     pub cgroups: Option<String>,
     /// CPU limits are applied (the cgroup has the cpu controller).
     pub cpu_limits: bool,
+    /// Why pods share the node's network (`None`: each has its own, with its NetworkPolicies
+    /// enforced).
+    pub network: Option<String>,
 }
 
 impl Protections {
@@ -69,6 +72,7 @@ impl Protections {
                     seccomp,
                     cgroups: cgroups.map(Hierarchy::describe),
                     cpu_limits: cgroups.is_some_and(Hierarchy::has_cpu),
+                    network: Some(shared_network()),
                 }
             })
             .clone()
@@ -83,12 +87,19 @@ impl Protections {
             seccomp: false,
             cgroups: None,
             cpu_limits: false,
+            network: Some(shared_network()),
         }
     }
 
     /// What is missing, each as a short phrase with what it needs.
     pub fn missing(&self) -> Vec<String> {
         let mut missing = Vec::new();
+        if let Some(network) = &self.network {
+            missing.push(format!(
+                "{network}; NetworkPolicies are not enforced and pods reach the host's loopback \
+                 and private services"
+            ));
+        }
         if !self.filesystem {
             missing.push(
                 "a filesystem of their own (pods see the host's files: install bubblewrap, \
@@ -139,6 +150,9 @@ impl Protections {
         if self.seccomp {
             have.push("seccomp");
         }
+        if self.network.is_none() {
+            have.push("own network with NetworkPolicies enforced");
+        }
         let cgroups = self.cgroups.clone();
         let mut line = format!(
             "pods get: {}{}",
@@ -153,6 +167,16 @@ impl Protections {
             line.push_str(&missing.join("; "));
         }
         line
+    }
+}
+
+/// Why pods share the node's network when the kubelet was not given bridge networking.
+fn shared_network() -> String {
+    match crate::pod_net::available() {
+        Ok(()) => "a network of their own (this node shares its own with pods: pod_network Bridge \
+                   gives each one)"
+            .to_owned(),
+        Err(missing) => missing,
     }
 }
 
@@ -333,6 +357,7 @@ mod tests {
             seccomp: true,
             cgroups: None,
             cpu_limits: false,
+            network: None,
         };
         let line = protections.summary();
         assert!(line.contains("MISSING: a host uid per pod"), "{line}");
@@ -342,6 +367,6 @@ mod tests {
         protections.cpu_limits = true;
         assert!(protections.missing().is_empty());
         assert!(!protections.summary().contains("MISSING"));
-        assert_eq!(Protections::none().missing().len(), 1);
+        assert_eq!(Protections::none().missing().len(), 2);
     }
 }

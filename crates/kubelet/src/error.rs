@@ -31,6 +31,9 @@ pub enum Error {
         "bubblewrap isolation was requested but `bwrap` is missing or cannot create namespaces here"
     )]
     NoBwrap,
+    /// The pods' network (bridge networking) could not be made.
+    #[error("cannot give pods a network of their own: {0}")]
+    PodNetwork(String),
     /// `Isolation::Strict` where some protection does not work.
     #[error("strict isolation was requested but pods here would lack: {}", missing.join("; "))]
     NotStrict { missing: Vec<String> },

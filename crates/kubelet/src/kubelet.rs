@@ -102,8 +102,9 @@ impl NodeCapacity {
     }
 }
 
-/// Where pod IPs come from. Every pod shares the node's network namespace; an IP is an
-/// address the kernel treats as local, chosen where the pod's ports are free.
+/// Where pod IPs come from. With `Loopback` and `Local` every pod shares the node's network
+/// namespace and an IP is an address the kernel treats as local, chosen where the pod's ports
+/// are free; with `Bridge` each pod has a network namespace of its own.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum PodNetwork {
     /// Random addresses in 127.1.0.1–127.254.255.254 (the default: works anywhere, but a
@@ -120,6 +121,37 @@ pub enum PodNetwork {
         /// Its prefix length (8–30).
         prefix: u8,
     },
+    /// A network namespace per pod with its IP from this range on `eth0`, on a bridge the
+    /// kubelet makes (which takes the range's first address), its NetworkPolicies enforced
+    /// with nftables inside it, and the `kubernetes` Service ([`KubeletConfig::kubernetes_service`])
+    /// forwarded to `api`. Needs root, `ip`, `nft` and `nsenter`
+    /// ([`PodNetwork::bridge_available`]).
+    Bridge {
+        /// The range's first address.
+        network: Ipv4Addr,
+        /// Its prefix length (8–30).
+        prefix: u8,
+        /// Where the API server listens, for the pods' `kubernetes` Service.
+        api: Option<SocketAddr>,
+    },
+}
+
+impl PodNetwork {
+    /// Whether this machine lets the kubelet give pods networks of their own; the error says
+    /// what is missing.
+    pub fn bridge_available() -> std::result::Result<(), String> {
+        crate::pod_net::available()
+    }
+
+    /// Bridge networking in a /24 of 10.200.0.0/13 that no route here overlaps, forwarding the
+    /// `kubernetes` Service to `api`; `None` when every range tried overlaps one.
+    pub fn free_bridge(api: Option<SocketAddr>) -> Option<Self> {
+        crate::pod_net::free_range().map(|(network, prefix)| Self::Bridge {
+            network,
+            prefix,
+            api,
+        })
+    }
 }
 
 impl KubeletConfig {
@@ -157,6 +189,10 @@ pub(crate) struct PodRuntime {
     pub(crate) ip: Option<Ipv4Addr>,
     /// Names of the containers running now.
     pub(crate) running: BTreeSet<String>,
+    /// The pod's labels and named ports, for NetworkPolicies.
+    pub(crate) peer: crate::netpol::PodPeer,
+    /// The pod's network namespace (bridge networking).
+    pub(crate) net: Option<Arc<crate::pod_net::PodNet>>,
 }
 
 /// Everything the kubelet's tasks share.
@@ -172,6 +208,10 @@ pub(crate) struct Context {
     pub(crate) pod_pids_limit: u64,
     /// This kubelet's control group (below which each container gets one), by name.
     pub(crate) cgroup: String,
+    /// The pods' bridge (bridge networking).
+    pub(crate) bridge: Option<crate::pod_net::Bridge>,
+    /// The NetworkPolicies and namespaces the pods' rules come from.
+    pub(crate) policies: Mutex<crate::netpol::Cluster>,
     pub(crate) pods_dir: PathBuf,
     pub(crate) volumes_dir: PathBuf,
     pub(crate) fast_probe: Duration,
@@ -220,12 +260,100 @@ impl Context {
             })
     }
 
-    /// Forgets pod `uid` (its worker has ended).
+    /// Forgets pod `uid` (its worker has ended), and its address in others' rules.
     pub(crate) fn forget_pod(&self, uid: &str) {
-        self.pods
+        let removed = self
+            .pods
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(uid);
+        if removed.is_some_and(|pod| pod.net.is_some()) {
+            self.apply_policies();
+        }
+    }
+
+    /// The network namespace of pod `uid`, if it has one.
+    pub(crate) fn pod_net(&self, uid: &str) -> Option<Arc<crate::pod_net::PodNet>> {
+        self.pods
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(uid)
+            .and_then(|pod| pod.net.clone())
+    }
+
+    /// Records the network namespace of pod `uid`.
+    pub(crate) fn set_pod_net(&self, uid: &str, net: Arc<crate::pod_net::PodNet>) {
+        if let Some(pod) = self
+            .pods
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_mut(uid)
+        {
+            pod.net = Some(net);
+        }
+    }
+
+    /// What the policies are evaluated against now: the known policies and namespaces, and
+    /// this node's pods.
+    pub(crate) fn policy_cluster(&self) -> crate::netpol::Cluster {
+        let mut cluster = self
+            .policies
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let pods = self.pods.lock().unwrap_or_else(PoisonError::into_inner);
+        cluster.pods = pods
+            .values()
+            .map(|pod| crate::netpol::PodPeer {
+                ip: pod.ip,
+                ..pod.peer.clone()
+            })
+            .collect();
+        for pod in &cluster.pods {
+            if !cluster.namespaces.contains_key(&pod.namespace) {
+                let labels = crate::netpol::namespace_labels(&pod.namespace, None);
+                cluster.namespaces.insert(pod.namespace.clone(), labels);
+            }
+        }
+        cluster
+    }
+
+    /// The rules every pod's namespace has apart from its policies.
+    pub(crate) fn node_rules(&self) -> Option<crate::netpol::NodeRules> {
+        let bridge = self.bridge.as_ref()?;
+        let service = match self.kubernetes_service {
+            Some(SocketAddr::V4(service)) => Some(service),
+            _ => None,
+        };
+        Some(crate::netpol::NodeRules {
+            node_ip: bridge.gateway,
+            api: service.zip(bridge.api_address()),
+        })
+    }
+
+    /// Brings every pod's rules in line with the policies, namespaces and pods known now.
+    pub(crate) fn apply_policies(&self) {
+        let Some(node) = self.node_rules() else {
+            return;
+        };
+        let cluster = self.policy_cluster();
+        let nets: Vec<(String, crate::netpol::PodPeer, Arc<crate::pod_net::PodNet>)> = self
+            .pods
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .filter_map(|pod| {
+                let net = pod.net.clone()?;
+                let name = format!("{}/{}", pod.namespace, pod.name);
+                Some((name, pod.peer.clone(), net))
+            })
+            .collect();
+        for (name, peer, net) in nets {
+            let rules = crate::netpol::ruleset(&peer, &cluster, node);
+            if let Err(error) = net.apply(&rules) {
+                tracing::warn!(pod = %name, %error, "applying the pod's network policy rules failed");
+            }
+        }
     }
 
     pub(crate) fn pod_ip(&self, uid: &str) -> Option<Ipv4Addr> {
@@ -257,7 +385,20 @@ impl Kubelet {
     /// [`Kubelet::start`].
     pub fn new(client: kube::Client, config: KubeletConfig) -> Result<Self> {
         let isolation = config.isolation.resolve().ok_or(Error::NoBwrap)?;
-        let protections = Protections::detect(isolation == Isolation::Bwrap);
+        let mut protections = Protections::detect(isolation == Isolation::Bwrap);
+        let bridge = match config.pod_network {
+            PodNetwork::Bridge {
+                network,
+                prefix,
+                api,
+            } => Some(
+                crate::pod_net::Bridge::create(network, prefix, api).map_err(Error::PodNetwork)?,
+            ),
+            PodNetwork::Loopback | PodNetwork::Local { .. } => None,
+        };
+        if bridge.is_some() {
+            protections.network = None;
+        }
         let missing = protections.missing();
         if config.isolation == Isolation::Strict && !missing.is_empty() {
             return Err(Error::NotStrict { missing });
@@ -279,6 +420,8 @@ impl Kubelet {
             bwrap: isolation == Isolation::Bwrap,
             protections,
             pod_pids_limit: config.pod_pids_limit,
+            bridge,
+            policies: Mutex::new(crate::netpol::Cluster::default()),
             cgroup: {
                 static KUBELETS: std::sync::atomic::AtomicU32 =
                     std::sync::atomic::AtomicU32::new(0);
@@ -343,6 +486,12 @@ impl Kubelet {
             tasks.spawn(server::serve(api, self.ctx.clone()));
         }
         tasks.spawn(Pods::new(self.ctx.clone()).run());
+        if let Some(bridge) = &self.ctx.bridge {
+            if let Some(forward) = bridge.api_forward() {
+                tasks.spawn(forward);
+            }
+            tasks.spawn(crate::policies::watch(self.ctx.clone()));
+        }
         Ok(())
     }
 

@@ -32,7 +32,10 @@ pub(crate) fn candidate() -> Ipv4Addr {
 fn candidate_in(network: PodNetwork) -> Ipv4Addr {
     match network {
         PodNetwork::Loopback => candidate(),
-        PodNetwork::Local { network, prefix } => {
+        PodNetwork::Local { network, prefix }
+        | PodNetwork::Bridge {
+            network, prefix, ..
+        } => {
             let prefix = u32::from(prefix.clamp(8, 30));
             let size = 1u32 << (32 - prefix);
             let base = u32::from(network) & !(size - 1);
@@ -75,7 +78,8 @@ pub(crate) fn allocate(network: PodNetwork, ports: &[u16]) -> Option<PodIp> {
             }
             reserved.insert(ip);
         }
-        if ports_free(ip, ports) {
+        // A pod with a network namespace of its own has every port free.
+        if matches!(network, PodNetwork::Bridge { .. }) || ports_free(ip, ports) {
             return Some(PodIp(ip));
         }
         release(ip);

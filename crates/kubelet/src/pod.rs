@@ -24,6 +24,7 @@ use crate::images::{ImageEntry, Program, Templates, expand_vars, find_program, n
 use crate::kubelet::{Context, PodCommand, PodKey, confirm_deletion};
 use crate::logs::{PodPaths, log_file, pod_paths};
 use crate::net;
+use crate::netpol;
 use crate::node::error_chain;
 use crate::pod_status::{self, ContainerInfo, PodInfo, State, Terminated};
 use crate::probe::{self, Probe};
@@ -457,6 +458,16 @@ impl Worker {
             self.write_status();
             return false;
         }
+        let peer = self.peer();
+        self.ctx.update_pod(&self.key, |pod| {
+            pod.ip = Some(ip.0);
+            pod.peer = peer;
+        });
+        if let Err(error) = self.make_network(ip.0).await {
+            self.event("Warning", "FailedCreatePodSandBox", &error);
+            self.write_status();
+            return false;
+        }
         self.info.pod_ip = Some(ip.0.to_string());
         self.info.start_time = Some(now());
         self.ctx.update_pod(&self.key, |pod| pod.ip = Some(ip.0));
@@ -474,6 +485,71 @@ impl Worker {
         for index in 0..self.specs.len() {
             self.start_container(false, index).await;
         }
+    }
+
+    /// The pod as NetworkPolicies see it: namespace, labels and named container ports.
+    fn peer(&self) -> netpol::PodPeer {
+        let labels = self
+            .pod
+            .pointer("/metadata/labels")
+            .and_then(Value::as_object)
+            .map(|labels| {
+                labels
+                    .iter()
+                    .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut ports = BTreeMap::new();
+        for port in self
+            .specs
+            .iter()
+            .filter_map(|c| c.get("ports").and_then(Value::as_array))
+            .flatten()
+        {
+            if let (Some(name), Some(number)) = (
+                port.get("name").and_then(Value::as_str),
+                port.get("containerPort")
+                    .and_then(Value::as_u64)
+                    .and_then(|p| u16::try_from(p).ok()),
+            ) {
+                let protocol = port
+                    .get("protocol")
+                    .and_then(Value::as_str)
+                    .unwrap_or("TCP")
+                    .to_owned();
+                ports.insert(name.to_owned(), (number, protocol));
+            }
+        }
+        netpol::PodPeer {
+            namespace: self.namespace.clone(),
+            labels,
+            ip: self.ip,
+            ports,
+        }
+    }
+
+    /// Gives the pod its network namespace (bridge networking, bubblewrap only), its rules in
+    /// place before anything runs there, and updates the other pods' rules for its address.
+    async fn make_network(&self, ip: Ipv4Addr) -> Result<(), String> {
+        if !self.ctx.bwrap || self.ctx.bridge.is_none() {
+            return Ok(());
+        }
+        let ctx = self.ctx.clone();
+        let peer = self.peer();
+        let uid = self.key.uid.clone();
+        tokio::task::spawn_blocking(move || {
+            let (Some(bridge), Some(node)) = (&ctx.bridge, ctx.node_rules()) else {
+                return Ok(());
+            };
+            let rules = netpol::ruleset(&peer, &ctx.policy_cluster(), node);
+            let net = crate::pod_net::PodNet::create(bridge, ip, &rules)?;
+            ctx.set_pod_net(&uid, Arc::new(net));
+            ctx.apply_policies();
+            Ok(())
+        })
+        .await
+        .map_err(|error| format!("making the pod's network: {error}"))?
     }
 
     /// Gives `dir` (and what is in it) to the pod's host uid, mode 0700 at the top, when the pod
@@ -982,6 +1058,11 @@ impl Worker {
                 splits,
                 log: log_file(&self.paths, name, false),
                 identity: self.identity(container),
+                net: if self.ctx.bwrap {
+                    self.ctx.pod_net(&self.key.uid)
+                } else {
+                    None
+                },
                 limits: if self.ctx.bwrap {
                     let limits = Limits::from_container(container, self.ctx.pod_pids_limit)?;
                     let group = format!("{}/{}-{name}", self.ctx.cgroup, self.key.uid);

@@ -361,6 +361,8 @@ pub(crate) struct LaunchSpec {
     pub(crate) identity: Identity,
     /// The container's resource limits and its control group's name (bubblewrap only).
     pub(crate) limits: Option<(Limits, String)>,
+    /// The pod's network namespace, which the container's processes enter (bubblewrap only).
+    pub(crate) net: Option<Arc<crate::pod_net::PodNet>>,
 }
 
 /// The descriptors bubblewrap binds from, by what they stand for (open in the kubelet, which
@@ -505,6 +507,8 @@ pub(crate) fn bwrap_args(
 /// the descriptors it is given across exec, join its control group, lower its limits.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct ChildSetup {
+    /// A network namespace to enter first (while still root).
+    pub(crate) netns: Option<RawFd>,
     /// Descriptors to keep open across exec (their close-on-exec flag cleared in the child).
     pub(crate) keep: Vec<RawFd>,
     /// `cgroup.procs` descriptors to write `0` to.
@@ -512,12 +516,24 @@ pub(crate) struct ChildSetup {
     /// `RLIMIT_NPROC`, when no control group counts the processes but the pod has a host uid
     /// of its own.
     pub(crate) nproc: Option<u64>,
+    /// The host uid and gid to become (no supplementary groups), after the steps that need
+    /// root.
+    pub(crate) host_id: Option<u32>,
 }
 
 impl ChildSetup {
     #[allow(unsafe_code)]
     fn run(&self) -> std::io::Result<()> {
         use rustix::process::{Resource, Rlimit, setrlimit};
+        if let Some(fd) = self.netns {
+            // SAFETY: the pod's namespace descriptor is open in the parent (the spawning
+            // function holds the pod's network) and therefore in the forked child.
+            let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+            rustix::thread::move_into_link_name_space(
+                fd,
+                Some(rustix::thread::LinkNameSpaceType::Network),
+            )?;
+        }
         for fd in &self.keep {
             // SAFETY: the descriptor is open in the parent (owned by the spawning function until
             // the child has been started) and therefore in the forked child.
@@ -528,6 +544,11 @@ impl ChildSetup {
             // SAFETY: as above.
             let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(*fd) };
             rustix::io::write(fd, b"0")?;
+        }
+        if let Some(id) = self.host_id {
+            rustix::thread::set_thread_groups(&[])?;
+            rustix::thread::set_thread_gid(rustix::process::Gid::from_raw(id))?;
+            rustix::thread::set_thread_uid(rustix::process::Uid::from_raw(id))?;
         }
         // No core dumps: they would write the process's memory into the pod's directory.
         setrlimit(
@@ -878,10 +899,9 @@ pub(crate) fn spawn(
             .args(bwrap_args(host_root(), host_etc(), spec, &open.bind))
             .stdin(Stdio::null())
             .kill_on_drop(true);
-        if let Some(id) = spec.identity.host_id {
-            command.uid(id).gid(id);
-        }
         let setup = ChildSetup {
+            netns: spec.net.as_ref().map(|net| net.fd()),
+            host_id: spec.identity.host_id,
             keep: open.fds.iter().map(AsRawFd::as_raw_fd).collect(),
             join: open
                 .cgroup

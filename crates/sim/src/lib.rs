@@ -93,6 +93,34 @@ pub struct SimConfig {
     pub bookmark_interval: Duration,
     /// Readiness probe interval until a container is first ready.
     pub fast_probe_interval: Duration,
+    /// Each pod in a network namespace of its own on a bridge of the node (a free /24 of
+    /// 10.200.0.0/13), its NetworkPolicies enforced, the `kubernetes` Service (10.96.0.1:443)
+    /// forwarded to this API server: needs root, bubblewrap isolation, `ip`, `nft` and
+    /// `nsenter` (starting fails otherwise). Off by default: pods then share the host's network
+    /// with loopback pod IPs.
+    pub own_pod_networks: bool,
+}
+
+/// The `kubernetes` Service's cluster IP in the sim.
+pub const KUBERNETES_SERVICE_IP: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 96, 0, 1);
+
+/// The kubelet's network settings for `config`, with the API server at `api`.
+fn pod_networks(config: &SimConfig, api: SocketAddr, base: KubeletConfig) -> Result<KubeletConfig> {
+    if !config.own_pod_networks {
+        return Ok(base);
+    }
+    let network = agent_sandbox_kubelet::PodNetwork::free_bridge(Some(api)).ok_or_else(|| {
+        Error::Kubelet {
+            source: agent_sandbox_kubelet::Error::PodNetwork(
+                "every /24 of 10.200.0.0/13 tried overlaps a route here".to_owned(),
+            ),
+        }
+    })?;
+    Ok(KubeletConfig {
+        pod_network: network,
+        kubernetes_service: Some(SocketAddr::from((KUBERNETES_SERVICE_IP, 443))),
+        ..base
+    })
 }
 
 impl Default for SimConfig {
@@ -106,11 +134,19 @@ impl Default for SimConfig {
             watch_history: 10_000,
             bookmark_interval: Duration::from_secs(5),
             fast_probe_interval: Duration::from_millis(10),
+            own_pod_networks: false,
         }
     }
 }
 
 impl SimConfig {
+    /// Gives each pod a network namespace of its own (as root, with bubblewrap isolation):
+    /// see the field of that name.
+    pub fn own_pod_networks(mut self, own: bool) -> Self {
+        self.own_pod_networks = own;
+        self
+    }
+
     /// Sets the isolation.
     #[must_use]
     pub fn isolation(mut self, isolation: Isolation) -> Self {
@@ -203,7 +239,7 @@ fn seed(objects: &ApiObjects) -> Result<()> {
             &services,
             "default",
             json!({"metadata": {"name": "kubernetes", "labels": {"component": "apiserver", "provider": "kubernetes"}},
-                   "spec": {"clusterIP": "10.96.0.1", "ports": [{"name": "https", "port": 443, "targetPort": 6443}]}}),
+                   "spec": {"clusterIP": KUBERNETES_SERVICE_IP.to_string(), "ports": [{"name": "https", "port": 443, "targetPort": 6443}]}}),
             &internal_options(),
         )
         .map_err(seed_err("the kubernetes Service"))?;
@@ -339,7 +375,7 @@ impl Sim {
                     images: config.images.clone(),
                     isolation,
                     fast_probe_interval: config.fast_probe_interval,
-                    ..KubeletConfig::new(NODE_NAME, &data_dir)
+                    ..pod_networks(&config, addr, KubeletConfig::new(NODE_NAME, &data_dir))?
                 },
             )
             .map_err(|source| Error::Kubelet { source })?,

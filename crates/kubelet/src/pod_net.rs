@@ -1,0 +1,360 @@
+//! A network of each pod's own (as root): a bridge per kubelet in the kubelet's network
+//! namespace with the first address of the pod range, and per pod a network namespace with one
+//! end of a veth pair as `eth0` (the pod IP, a default route through the bridge) and the other
+//! end on the bridge. The node forwards and masquerades what pods send elsewhere, forwards the
+//! `kubernetes` Service to the API server ([`Bridge::api_forward`]), and enforces each pod's
+//! NetworkPolicies inside its namespace ([`PodNet::apply`] with [`netpol::ruleset`]).
+//!
+//! The kubelet configures with the tools a node has: `ip` (iproute2), `nft` (nftables) and
+//! `nsenter` (util-linux). A pod's namespace is held by a descriptor of the kubelet's; it goes,
+//! with its veth pair, when the descriptor is closed and the pod's last process has exited.
+//!
+//! [`netpol::ruleset`]: crate::netpol::ruleset
+
+use std::io::Write as _;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::os::fd::{AsRawFd as _, OwnedFd, RawFd};
+use std::process::{Command, Stdio};
+use std::sync::{Mutex, OnceLock, PoisonError};
+
+/// Whether this process can give pods networks of their own: root, with `ip`, `nft` and
+/// `nsenter` that work (checked once). The error says what is missing.
+pub(crate) fn available() -> Result<(), String> {
+    static FOUND: OnceLock<Result<(), String>> = OnceLock::new();
+    FOUND
+        .get_or_init(|| {
+            if !crate::confine::is_root() {
+                return Err("a network of their own (needs root)".to_owned());
+            }
+            for (tool, args, package) in [
+                ("ip", &["-V"][..], "iproute2"),
+                ("nft", &["--version"][..], "nftables"),
+                ("nsenter", &["--version"][..], "util-linux"),
+            ] {
+                let works = Command::new(tool)
+                    .args(args)
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status()
+                    .is_ok_and(|status| status.success());
+                if !works {
+                    return Err(format!(
+                        "a network of their own (needs `{tool}`: apt-get install {package})"
+                    ));
+                }
+            }
+            Ok(())
+        })
+        .clone()
+}
+
+/// The IPv4 routes of this network namespace (destination, prefix length), from
+/// `/proc/net/route`.
+fn routes() -> Vec<(u32, u32)> {
+    let Ok(text) = std::fs::read_to_string("/proc/net/route") else {
+        return Vec::new();
+    };
+    text.lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // Little-endian hexadecimal, as the kernel prints them.
+            let destination = u32::from_str_radix(fields.get(1)?, 16).ok()?.swap_bytes();
+            let mask = u32::from_str_radix(fields.get(7)?, 16).ok()?.swap_bytes();
+            Some((destination, mask))
+        })
+        .collect()
+}
+
+/// A /24 in 10.200.0.0/13 that no route of this namespace overlaps (a default route does not
+/// count), chosen at random so that kubelets running at once rarely pick the same one.
+pub(crate) fn free_range() -> Option<(Ipv4Addr, u8)> {
+    let routes: Vec<(u32, u32)> = routes()
+        .into_iter()
+        .filter(|(_, mask)| *mask != 0)
+        .collect();
+    let base = u32::from(Ipv4Addr::new(10, 200, 0, 0));
+    for _ in 0..64 {
+        let candidate = base + (fastrand::u32(..2048) << 8);
+        let mask = 0xffff_ff00u32;
+        let overlaps = routes.iter().any(|(destination, route_mask)| {
+            let common = mask & route_mask;
+            candidate & common == destination & common
+        });
+        if !overlaps {
+            return Some((Ipv4Addr::from(candidate), 24));
+        }
+    }
+    None
+}
+
+/// Runs `program args` (feeding `input` when given) and returns an error with its output.
+fn run(program: &str, args: &[&str], input: Option<&str>) -> Result<(), String> {
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(if input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|error| format!("cannot run {program}: {error}"))?;
+    if let (Some(input), Some(mut stdin)) = (input, child.stdin.take()) {
+        stdin
+            .write_all(input.as_bytes())
+            .map_err(|error| format!("writing to {program}: {error}"))?;
+    }
+    let output = child
+        .wait_with_output()
+        .map_err(|error| format!("waiting for {program}: {error}"))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "`{program} {}` failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr).trim()
+        ))
+    }
+}
+
+/// A fresh name with `prefix` that fits an interface name (15 bytes).
+fn interface_name(prefix: &str) -> String {
+    format!("{prefix}{:08x}", fastrand::u32(..))
+}
+
+/// The forwarding setting of this namespace before the first bridge, restored after the last.
+static FORWARDING: Mutex<(usize, Option<String>)> = Mutex::new((0, None));
+const FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
+
+/// The kubelet's bridge.
+#[derive(Debug)]
+pub(crate) struct Bridge {
+    name: String,
+    prefix: u8,
+    /// The bridge's address: the pods' gateway and the node's address on their network.
+    pub(crate) gateway: Ipv4Addr,
+    /// Where pods reach the API server (on the gateway) and where that goes.
+    api: Option<(std::net::TcpListener, SocketAddr)>,
+}
+
+impl Bridge {
+    /// Makes the bridge for pods in `network/prefix` (the gateway takes the first address), with
+    /// forwarding and masquerading for what pods send off the bridge, and a listener on the
+    /// gateway for the API server at `api` when given.
+    pub(crate) fn create(
+        network: Ipv4Addr,
+        prefix: u8,
+        api: Option<SocketAddr>,
+    ) -> Result<Self, String> {
+        available()?;
+        let size = 1u32 << (32 - u32::from(prefix.clamp(8, 30)));
+        let base = u32::from(network) & !(size - 1);
+        let network = Ipv4Addr::from(base);
+        let gateway = Ipv4Addr::from(base + 1);
+        let name = interface_name("asb");
+        run("ip", &["link", "add", &name, "type", "bridge"], None)?;
+        let mut bridge = Self {
+            name,
+            prefix,
+            gateway,
+            api: None,
+        };
+        let cidr = format!("{gateway}/{prefix}");
+        run("ip", &["addr", "add", &cidr, "dev", &bridge.name], None)?;
+        run("ip", &["link", "set", &bridge.name, "up"], None)?;
+        {
+            let mut forwarding = FORWARDING.lock().unwrap_or_else(PoisonError::into_inner);
+            if forwarding.0 == 0 {
+                forwarding.1 = std::fs::read_to_string(FORWARD).ok();
+            }
+            forwarding.0 += 1;
+            std::fs::write(FORWARD, "1")
+                .map_err(|error| format!("enabling IPv4 forwarding ({FORWARD}): {error}"))?;
+        }
+        let table = format!(
+            "table ip {name} {{\n  chain postrouting {{\n    type nat hook postrouting priority \
+             100; policy accept;\n    ip saddr {network}/{prefix} oifname != \"{name}\" \
+             masquerade\n  }}\n}}\n",
+            name = bridge.name
+        );
+        run("nft", &["-f", "-"], Some(&table))?;
+        if let Some(upstream) = api {
+            let listener = std::net::TcpListener::bind(SocketAddrV4::new(gateway, 0))
+                .and_then(|listener| listener.set_nonblocking(true).map(|()| listener))
+                .map_err(|error| format!("listening on {gateway} for the API server: {error}"))?;
+            bridge.api = Some((listener, upstream));
+        }
+        Ok(bridge)
+    }
+
+    /// Where pods' connections to the `kubernetes` Service go (the gateway's listener).
+    pub(crate) fn api_address(&self) -> Option<SocketAddrV4> {
+        let (listener, _) = self.api.as_ref()?;
+        match listener.local_addr() {
+            Ok(SocketAddr::V4(addr)) => Some(addr),
+            _ => None,
+        }
+    }
+
+    /// Forwards the pods' API connections to the API server until dropped (spawned by the
+    /// kubelet's start).
+    pub(crate) fn api_forward(&self) -> Option<impl std::future::Future<Output = ()> + use<>> {
+        let (listener, upstream) = self.api.as_ref()?;
+        let listener = tokio::net::TcpListener::from_std(listener.try_clone().ok()?).ok()?;
+        let upstream = *upstream;
+        Some(async move {
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    continue;
+                };
+                tokio::spawn(async move {
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(upstream).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+            }
+        })
+    }
+}
+
+impl Drop for Bridge {
+    fn drop(&mut self) {
+        let _ = run("ip", &["link", "del", &self.name], None);
+        let _ = run("nft", &["delete", "table", "ip", &self.name], None);
+        let mut forwarding = FORWARDING.lock().unwrap_or_else(PoisonError::into_inner);
+        forwarding.0 = forwarding.0.saturating_sub(1);
+        if forwarding.0 == 0
+            && let Some(previous) = forwarding.1.take()
+        {
+            let _ = std::fs::write(FORWARD, previous.trim());
+        }
+    }
+}
+
+/// A network namespace made on a thread of its own, held by the returned descriptor.
+#[allow(unsafe_code)]
+fn new_namespace() -> Result<OwnedFd, String> {
+    std::thread::spawn(|| {
+        // SAFETY: unsharing the network namespace changes only this thread's, which holds no
+        // socket and ends right after opening the namespace (no other state of the process is
+        // shared or changed: not its files, filesystem or memory).
+        unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNET) }
+            .map_err(|error| format!("cannot make a network namespace: {error}"))?;
+        std::fs::File::open("/proc/thread-self/ns/net")
+            .map(OwnedFd::from)
+            .map_err(|error| format!("cannot open the new network namespace: {error}"))
+    })
+    .join()
+    .map_err(|_| "the thread making a network namespace panicked".to_owned())?
+}
+
+/// A pod's network.
+#[derive(Debug)]
+pub(crate) struct PodNet {
+    namespace: OwnedFd,
+    host_interface: String,
+    /// The ruleset last applied.
+    applied: Mutex<Option<String>>,
+}
+
+impl PodNet {
+    /// Makes the pod's namespace with `ip` on `eth0`, on `bridge`, with `rules` applied before
+    /// anything runs there.
+    pub(crate) fn create(bridge: &Bridge, ip: Ipv4Addr, rules: &str) -> Result<Self, String> {
+        let namespace = new_namespace()?;
+        let net = Self {
+            namespace,
+            host_interface: interface_name("asv"),
+            applied: Mutex::new(None),
+        };
+        let path = net.path();
+        let pod_interface = interface_name("asp");
+        run(
+            "ip",
+            &[
+                "link",
+                "add",
+                &net.host_interface,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                &pod_interface,
+                "netns",
+                &path,
+            ],
+            None,
+        )?;
+        run(
+            "ip",
+            &[
+                "link",
+                "set",
+                &net.host_interface,
+                "master",
+                &bridge.name,
+                "up",
+            ],
+            None,
+        )?;
+        net.apply(rules)?;
+        let script = format!(
+            "set -e\n\
+             for f in /proc/sys/net/ipv6/conf/all/disable_ipv6 /proc/sys/net/ipv6/conf/default/disable_ipv6; do \
+               [ -e $f ] && echo 1 > $f; done\n\
+             ip link set lo up\n\
+             ip link set {pod_interface} name eth0\n\
+             ip addr add {ip}/{prefix} dev eth0\n\
+             ip link set eth0 up\n\
+             ip route add default via {gateway}\n",
+            prefix = bridge.prefix,
+            gateway = bridge.gateway,
+        );
+        run(
+            "nsenter",
+            &[&format!("--net={path}"), "sh", "-c", &script],
+            None,
+        )?;
+        Ok(net)
+    }
+
+    /// The namespace as a path other processes can open.
+    fn path(&self) -> String {
+        format!(
+            "/proc/{}/fd/{}",
+            std::process::id(),
+            self.namespace.as_raw_fd()
+        )
+    }
+
+    /// The descriptor a container's process enters (`setns`) before it starts.
+    pub(crate) fn fd(&self) -> RawFd {
+        self.namespace.as_raw_fd()
+    }
+
+    /// Applies `rules` (an nftables script) in the pod's namespace, unless they are what was
+    /// applied last.
+    pub(crate) fn apply(&self, rules: &str) -> Result<(), String> {
+        let mut applied = self.applied.lock().unwrap_or_else(PoisonError::into_inner);
+        if applied.as_deref() == Some(rules) {
+            return Ok(());
+        }
+        run(
+            "nsenter",
+            &[&format!("--net={}", self.path()), "nft", "-f", "-"],
+            Some(rules),
+        )?;
+        *applied = Some(rules.to_owned());
+        Ok(())
+    }
+}
+
+impl Drop for PodNet {
+    fn drop(&mut self) {
+        // Deleting one end deletes the pair; the namespace goes with its last holder.
+        let _ = run("ip", &["link", "del", &self.host_interface], None);
+    }
+}
