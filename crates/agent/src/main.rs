@@ -52,6 +52,14 @@ struct Args {
     /// Run on an in-process local cluster (no Kubernetes, no Docker), as `sandboxctl run --local`.
     #[arg(long)]
     local: bool,
+    /// With --local: pod isolation (auto: the strongest this machine supports; bwrap; strict:
+    /// refuse to start unless every protection works; none).
+    #[arg(long, default_value = "auto", requires = "local")]
+    isolation: agent_sandbox_local::Isolation,
+    /// With --local: pod networks (auto: each pod its own with NetworkPolicies enforced where
+    /// this machine allows; own: or refuse to start; host: this machine's network).
+    #[arg(long, default_value = "auto", requires = "local")]
+    network: agent_sandbox_local::PodNetworks,
     /// The claim expires this long after the last tool call (e.g. 300s, 5m, 1h).
     #[arg(long, default_value = "5m", value_parser = parse_duration, value_name = "DURATION")]
     ttl: Duration,
@@ -164,7 +172,12 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
     // Kept alive until the session ends: dropping the local cluster stops it.
     let mut local = None;
     let client = if args.local {
-        let started = session::start_local(LocalConfig::default(), Duration::from_secs(120))
+        let config = LocalConfig {
+            isolation: args.isolation,
+            networks: args.network,
+            ..LocalConfig::default()
+        };
+        let started = session::start_local(config, Duration::from_secs(120))
             .await
             .context("--local")?;
         let client = started.client.clone();

@@ -436,7 +436,8 @@ async fn local_mode_runs_the_conversation() {
         .await
         .unwrap();
     let child = agent_command(&api)
-        .args(["--local", "write fib.py and run it"])
+        // The host's network: the fake Messages API listens on this machine's loopback.
+        .args(["--local", "--network", "host", "write fib.py and run it"])
         .spawn()
         .unwrap();
     let (status, stdout, stderr) = finish(ChildGuard(child), Duration::from_secs(180)).await;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use agent_sandbox::args::ConnectArgs;
 use agent_sandbox_api::units::parse_duration;
-use agent_sandbox_local::Isolation;
+use agent_sandbox_local::{Isolation, PodNetworks};
 use clap::{Args, Parser, Subcommand};
 
 use crate::output::Format;
@@ -158,6 +158,11 @@ pub struct DevArgs {
     /// unless every protection works: docs/cli.md "Local mode isolation"), none.
     #[arg(long, default_value = "auto")]
     pub isolation: Isolation,
+    /// Pod networks of the local cluster: auto (each pod its own, NetworkPolicies enforced,
+    /// where this machine allows: root with ip, nft and nsenter), own (or refuse to start),
+    /// host (pods share this machine's network).
+    #[arg(long, default_value = "auto")]
+    pub network: PodNetworks,
     /// Router authentication: token (one random bearer token), scoped (a token per sandbox,
     /// minted with a random signing key) or none.
     #[arg(long, default_value = "token", value_parser = ["token", "scoped", "none"])]
@@ -209,6 +214,11 @@ pub struct RunArgs {
     /// supports), bwrap, strict (refuse to start unless every protection works), none.
     #[arg(long, default_value = "auto")]
     pub isolation: Isolation,
+    /// Pod networks of the local cluster: auto (each pod its own, NetworkPolicies enforced,
+    /// where this machine allows: root with ip, nft and nsenter), own (or refuse to start),
+    /// host (pods share this machine's network).
+    #[arg(long, default_value = "auto")]
+    pub network: PodNetworks,
     /// How to run the command.
     #[command(flatten)]
     pub command: CommandArgs,

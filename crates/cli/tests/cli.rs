@@ -194,11 +194,34 @@ async fn run_local_works_from_a_clean_environment_and_leaves_nothing_behind() {
         return;
     }
     let home = tempfile::tempdir().unwrap();
-    let mut command = clean(home.path());
+    // With the defaults (every protection this machine allows: as root in CI, pods with
+    // networks of their own), in a network namespace of the test's own so that the bridge
+    // the local cluster makes never touches this machine's network.
+    let unavailable = Tool::PodNetworks.unavailable();
+    if let Some(reason) = &unavailable {
+        assert!(
+            std::env::var("CI").is_err(),
+            "CI must run this with pod networks: {reason}"
+        );
+        eprintln!("note: {reason}: the local cluster's pods share this machine's network");
+    }
+    let mut command = if unavailable.is_some() {
+        clean(home.path())
+    } else {
+        let mut command = testkit::own_network_command(BIN);
+        command
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("HOME", home.path())
+            .env("TMPDIR", home.path())
+            .stdin(Stdio::null());
+        command
+    };
     command.args(["run", "--local", "--", "python3", "-c", "print(6*7)"]);
     let out = output(command).await;
     assert_eq!(ok(&out), "42\n");
     let stderr = text(&out.stderr);
+    assert!(!stderr.contains("lack"), "{stderr}");
     assert!(stderr.contains("claimed sandbox-claim-"), "{stderr}");
     assert!(stderr.contains("exit code 0, ran in"), "{stderr}");
     // The local cluster kept its data under TMPDIR (= home): no process mentions it any more
@@ -213,7 +236,14 @@ async fn run_local_works_from_a_clean_environment_and_leaves_nothing_behind() {
 async fn run_local_propagates_the_exit_code_and_both_streams() {
     let home = tempfile::tempdir().unwrap();
     let mut command = clean(home.path());
-    command.args(["run", "--local", "--", "echo out; echo err >&2; exit 7"]);
+    command.args([
+        "run",
+        "--local",
+        "--network",
+        "host",
+        "--",
+        "echo out; echo err >&2; exit 7",
+    ]);
     let out = output(command).await;
     assert_eq!(out.status.code(), Some(7));
     assert_eq!(text(&out.stdout), "out\n");
@@ -599,7 +629,14 @@ async fn ctrl_c_during_run_local_stops_every_process() {
     let home = tempfile::tempdir().unwrap();
     let mut command = clean(home.path());
     command
-        .args(["run", "--local", "--", "echo started; sleep 60"])
+        .args([
+            "run",
+            "--local",
+            "--network",
+            "host",
+            "--",
+            "echo started; sleep 60",
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut spawned = command.spawn().unwrap();
@@ -631,7 +668,9 @@ async fn dev_serves_until_ctrl_c_and_completion_prints_a_script() {
     let kubeconfig = home.path().join("dev.kubeconfig");
     let mut command = clean(home.path());
     command
-        .args(["dev", "--replicas", "1", "--kubeconfig-out"])
+        // The host's network: the other processes below reach the cluster on this machine's
+        // loopback (own pod networks are tested by `run_local_works_from_a_clean_environment...`).
+        .args(["dev", "--network", "host", "--replicas", "1", "--kubeconfig-out"])
         .arg(&kubeconfig)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

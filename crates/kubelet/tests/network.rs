@@ -9,10 +9,12 @@
 //! so and skip (and fail under `CI=true`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
-use agent_sandbox_local::testkit::{Tool, missing};
+use agent_sandbox_local::testkit::{
+    INTERNET_ADDRESS as INTERNET, Internet, Tool, missing, own_network_command,
+};
 use agent_sandbox_sim::{Isolation, Sim, SimConfig};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -23,8 +25,6 @@ use serde_json::{Value, json};
 const PATIENCE: Duration = Duration::from_secs(60);
 /// Set in the child run inside the test's own network namespace.
 const INSIDE: &str = "AGENT_SANDBOX_TEST_OWN_NETWORK";
-/// The address standing for the internet (TEST-NET-2: public-looking, routed nowhere).
-const INTERNET: &str = "198.51.100.2";
 
 /// Runs test `name` again in a network namespace of its own and says whether to go on here
 /// (`true` inside). Outside, waits for the child and fails with its output if it failed.
@@ -32,24 +32,10 @@ fn in_own_network(name: &str) -> bool {
     if std::env::var_os(INSIDE).is_some() {
         return true;
     }
-    if missing(Tool::Bubblewrap) {
+    if missing(Tool::PodNetworks) {
         return false;
     }
-    if let Err(missing) = agent_sandbox_kubelet::PodNetwork::bridge_available() {
-        let message = format!("pods here cannot have {missing}");
-        assert!(std::env::var_os("CI").is_none(), "{message}");
-        eprintln!("skipping: {message}");
-        return false;
-    }
-    let output = Command::new("unshare")
-        .args([
-            "--net",
-            "--",
-            "sh",
-            "-c",
-            "ip link set lo up && exec \"$0\" \"$@\"",
-        ])
-        .arg(std::env::current_exe().unwrap())
+    let output = own_network_command(std::env::current_exe().unwrap())
         .args([name, "--exact", "--nocapture", "--test-threads=1"])
         .env(INSIDE, "1")
         .stdin(Stdio::null())
@@ -66,53 +52,6 @@ fn in_own_network(name: &str) -> bool {
     );
     assert!(text.contains("1 passed"), "{text}");
     false
-}
-
-/// The "internet": a network namespace of the test's own, joined to the test's by a veth
-/// pair, with an HTTP server on [`INTERNET`]:80. Killed when dropped.
-struct Internet(std::process::Child);
-
-impl Internet {
-    fn start() -> Self {
-        let script = format!(
-            "while ! ip link show inet0 >/dev/null 2>&1; do sleep 0.02; done; \
-             ip link set lo up; ip addr add {INTERNET}/24 dev inet0; ip link set inet0 up; \
-             ip route add default dev inet0; \
-             exec python3 -m http.server --bind {INTERNET} 80"
-        );
-        let child = Command::new("unshare")
-            .args(["--net", "--", "sh", "-c", &script])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let netns = format!("/proc/{}/ns/net", child.id());
-        let run = |args: &[&str]| {
-            let status = Command::new("ip").args(args).status().unwrap();
-            assert!(status.success(), "ip {args:?}");
-        };
-        run(&[
-            "link", "add", "inet1", "type", "veth", "peer", "name", "inet0", "netns", &netns,
-        ]);
-        run(&["addr", "add", "198.51.100.1/24", "dev", "inet1"]);
-        run(&["link", "set", "inet1", "up"]);
-        let deadline = std::time::Instant::now() + PATIENCE;
-        while std::net::TcpStream::connect((INTERNET, 80)).is_err() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the internet did not come up"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Self(child)
-    }
-}
-
-impl Drop for Internet {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 async fn sim() -> Sim {
@@ -317,7 +256,7 @@ fn a_sandbox_reaches_the_internet_but_not_the_api_server_or_the_hosts_services()
     ) {
         return;
     }
-    let _internet = Internet::start();
+    let _internet = Internet::start().unwrap();
     // A service of the host's: on its loopback and on every address.
     let loopback = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let loopback_port = loopback.local_addr().unwrap().port();

@@ -14,7 +14,7 @@ use kube::api::{Patch, PatchParams};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{LocalConfig, RouterAuth};
+use crate::config::{LocalConfig, PodNetworks, RouterAuth};
 use crate::controller::ControllerTask;
 use crate::defaults::{
     DEFAULT_NAMESPACE, DEFAULT_POOL, DEFAULT_TEMPLATE, FIELD_MANAGER, GATEWAY, default_pool,
@@ -169,8 +169,17 @@ impl LocalCluster {
         };
 
         let (program, args) = config.runtime.to_sim();
+        let own_networks = match config.networks {
+            PodNetworks::Host => false,
+            PodNetworks::Own => true,
+            PodNetworks::Auto => {
+                config.isolation.resolve() == Some(Isolation::Bwrap)
+                    && agent_sandbox_sim::PodNetwork::bridge_available().is_ok()
+            }
+        };
         let mut sim_config = SimConfig::default()
             .isolation(config.isolation)
+            .own_pod_networks(own_networks)
             .port(config.api_port)
             .image(runtime_entry("*runtime*", program).args(args));
         if let Some(dir) = &data_dir {
@@ -227,11 +236,17 @@ impl LocalCluster {
         }
         cluster.start_controller();
         if config.router_pod.is_some() {
-            let kubeconfig =
+            let mut kubeconfig =
                 std::fs::read_to_string(cluster.sim.kubeconfig_path()).map_err(Error::io(
                     "read the kubeconfig for the router pods",
                     cluster.sim.kubeconfig_path(),
                 ))?;
+            if own_networks {
+                // Pods of their own network reach the API server at its Service, as in a real
+                // cluster (the kubelet forwards it), not at this host's loopback address.
+                let service = format!("http://{}:443", agent_sandbox_sim::KUBERNETES_SERVICE_IP);
+                kubeconfig = kubeconfig.replace(cluster.sim.base_url(), &service);
+            }
             let files = router_pod::RouterFiles {
                 kubeconfig: &kubeconfig,
                 auth: config.router_auth,

@@ -51,6 +51,32 @@ impl RouterAuth {
     }
 }
 
+/// Whether a local cluster's pods get networks of their own.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PodNetworks {
+    /// Their own where this machine allows it (root with `ip`, `nft` and `nsenter`, and
+    /// bubblewrap isolation), else the host's (said at start-up).
+    Auto,
+    /// Their own, or refuse to start.
+    Own,
+    /// The host's network with loopback pod IPs (the library's default, and what tests that
+    /// must not touch the machine's network use).
+    #[default]
+    Host,
+}
+
+impl std::str::FromStr for PodNetworks {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "auto" => Ok(Self::Auto),
+            "own" => Ok(Self::Own),
+            "host" => Ok(Self::Host),
+            other => Err(format!("unknown pod network {other:?} (auto, own or host)")),
+        }
+    }
+}
+
 /// The program `*runtime*` images run in a local cluster's pods.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RuntimeProgram {
@@ -86,13 +112,14 @@ impl RuntimeProgram {
 #[derive(Clone, Debug)]
 pub struct LocalConfig {
     /// Where pods' directories, logs, the kubeconfig and the router's secret live (default: a
-    /// temporary directory removed when the cluster stops; outside `/tmp` when there is a router
-    /// pod, which must read its kubeconfig and secret from there).
+    /// temporary directory removed when the cluster stops).
     pub data_dir: Option<PathBuf>,
     /// Where to write the kubeconfig (default: `kubeconfig` in the data directory).
     pub kubeconfig: Option<PathBuf>,
     /// Pod isolation (default: bubblewrap when it works).
     pub isolation: Isolation,
+    /// Pod networks (default: the host's; the CLI's `--network` defaults to `auto`).
+    pub networks: PodNetworks,
     /// Port of the API server on 127.0.0.1 (0: chosen by the OS).
     pub api_port: u16,
     /// Run a router in this process (default true).
@@ -128,6 +155,7 @@ impl Default for LocalConfig {
             data_dir: None,
             kubeconfig: None,
             isolation: Isolation::Auto,
+            networks: PodNetworks::Host,
             api_port: 0,
             in_process_router: true,
             router_port: 0,

@@ -35,7 +35,7 @@ pub mod wait;
 
 pub use agent_sandbox_sim::Isolation;
 pub use cluster::{ConnectionKind, LocalCluster};
-pub use config::{LocalConfig, RouterAuth, RuntimeProgram};
+pub use config::{LocalConfig, PodNetworks, RouterAuth, RuntimeProgram};
 pub use controller::ControllerTask;
 pub use defaults::{
     DEFAULT_NAMESPACE, DEFAULT_POOL, DEFAULT_POOL_REPLICAS, DEFAULT_TEMPLATE, FIELD_MANAGER,

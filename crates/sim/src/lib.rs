@@ -55,8 +55,8 @@ use tokio::task::JoinSet;
 
 // The kubelet's configuration types, where the sim's users have always found them.
 pub use agent_sandbox_kubelet::{
-    DefaultReadiness, ImageEntry, ImageTable, Isolation, Program, Protections, bwrap_available,
-    runtime_entry,
+    DefaultReadiness, ImageEntry, ImageTable, Isolation, PodNetwork, Program, Protections,
+    bwrap_available, runtime_entry,
 };
 pub use api_error::ApiError;
 pub use error::{Error, Result};

@@ -24,6 +24,7 @@ pub async fn dev(args: DevArgs) -> Result<i32> {
         data_dir: args.data_dir.clone(),
         kubeconfig: args.kubeconfig_out.clone(),
         isolation: args.isolation,
+        networks: args.network,
         api_port: args.api_port,
         router_port: args.router_port,
         router_auth: auth,

@@ -263,6 +263,7 @@ pub async fn run_local(global: &ConnectArgs, args: RunArgs) -> Result<i32> {
     let spinner = Spinner::start("starting a local cluster");
     let config = LocalConfig {
         isolation: args.isolation,
+        networks: args.network,
         pool_replicas: 1,
         ..LocalConfig::default()
     };

@@ -4,6 +4,8 @@
 //!   what was last seen (no fixed sleeps as synchronisation);
 //! - [`Tool`] and [`missing`]: a test that needs `kubectl`, bubblewrap or `python3` and does
 //!   not find it says so and is counted as skipped, and fails instead under `CI=true`;
+//! - [`own_network_command`] and [`Internet`]: network namespaces of a test's own, and an
+//!   "internet" in one;
 //! - [`http`]: a small HTTP/1.1 client for probing servers (runtime, router, controller health,
 //!   the sim's metrics);
 //! - [`FakeRouter`] and [`ready_claim`]: a scripted, possibly hostile router behind a direct URL,
@@ -19,6 +21,7 @@
 
 mod fake_router;
 pub mod http;
+mod netns;
 mod outputs;
 mod tools;
 
@@ -27,6 +30,7 @@ use std::path::PathBuf;
 pub use agent_sandbox_sim::kubeconfig_yaml;
 pub use agent_sandbox_sim::test_support::pod_visible_dir;
 pub use fake_router::{FakeBody, FakeBoxError, FakeRequest, FakeRouter, ready_claim};
+pub use netns::{INTERNET_ADDRESS, Internet, own_network_command};
 pub use outputs::{assert_configuration_error, one_error_line, tree};
 pub use tools::{ALLOW_MISSING_ENV, LEDGER, Tool, missing};
 

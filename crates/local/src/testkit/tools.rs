@@ -23,6 +23,8 @@ pub enum Tool {
     /// The Kubernetes control plane (`kube-apiserver`, `kube-controller-manager`,
     /// `kube-scheduler`, `etcd`, next to each other on `PATH`), as `cargo xtask tools` builds it.
     ControlPlane,
+    /// Pod networks of their own: root, bubblewrap, `ip`, `nft` (nftables) and `nsenter`.
+    PodNetworks,
 }
 
 impl Tool {
@@ -33,6 +35,7 @@ impl Tool {
             Self::Bubblewrap => "bwrap",
             Self::Python3 => "python3",
             Self::ControlPlane => "kube-apiserver",
+            Self::PodNetworks => "nft",
         }
     }
 
@@ -65,6 +68,10 @@ impl Tool {
                  user namespaces"
             }
             Self::Python3 => "apt-get install python3 (bash .ci/run installs it)",
+            Self::PodNetworks => {
+                "run as root with bubblewrap, iproute2, nftables and util-linux \
+                 (apt-get install bubblewrap iproute2 nftables util-linux; bash .ci/run installs them)"
+            }
         }
     }
 
@@ -75,6 +82,10 @@ impl Tool {
             Self::Bubblewrap => agent_sandbox_sim::bwrap_available(),
             Self::Python3 => runs("python3", &["--version"]),
             Self::ControlPlane => Self::control_plane_dir().is_some(),
+            Self::PodNetworks => {
+                agent_sandbox_sim::bwrap_available()
+                    && agent_sandbox_sim::PodNetwork::bridge_available().is_ok()
+            }
         };
         (!works).then(|| match self {
             Self::Bubblewrap => {
@@ -83,6 +94,12 @@ impl Tool {
             Self::ControlPlane => "kube-apiserver, kube-controller-manager, kube-scheduler, etcd \
                                    and kubectl are not together in a directory on PATH"
                 .to_owned(),
+            Self::PodNetworks => format!(
+                "pods here cannot have networks of their own: {}",
+                agent_sandbox_sim::PodNetwork::bridge_available()
+                    .err()
+                    .unwrap_or_else(|| "bubblewrap does not work".to_owned())
+            ),
             tool => format!("{} is not installed", tool.name()),
         })
     }
