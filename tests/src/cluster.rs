@@ -169,6 +169,16 @@ pub struct ClusterUnderTest {
     pub run: String,
     scratch: tempfile::TempDir,
     backing: Backing,
+    /// The run's stand-in for the internet (in its own network namespace), stopped with it.
+    _internet: Option<agent_sandbox_local::testkit::Internet>,
+}
+
+/// `HOST:PORT` a sandbox should reach on the internet: the run's own stand-in when it has one.
+fn default_public_address(internet: Option<&agent_sandbox_local::testkit::Internet>) -> String {
+    match internet {
+        Some(_) => format!("{}:80", agent_sandbox_local::testkit::INTERNET_ADDRESS),
+        None => "pypi.org:443".to_owned(),
+    }
 }
 
 impl std::fmt::Debug for ClusterUnderTest {
@@ -204,16 +214,20 @@ impl ClusterUnderTest {
         let (description, kube, kubeconfig, network, url, gateway, backing) = match target {
             Target::Sim => {
                 let sim = crate::sim::start().await?;
+                let network = if sim.protections().network.is_none() {
+                    NetworkEnforcement::Enforced
+                } else {
+                    NetworkEnforcement::NotEnforced(format!(
+                        "the simulated cluster's pods share this machine's network here ({}): \
+                         NetworkPolicies are stored and checked, but nothing enforces them",
+                        sim.protections().network.clone().unwrap_or_default()
+                    ))
+                };
                 (
                     "the simulated cluster".to_owned(),
                     sim.client(),
                     sim.kubeconfig_path().to_path_buf(),
-                    NetworkEnforcement::NotEnforced(
-                        "the simulated cluster runs pods as host processes without a pod \
-                         network: NetworkPolicies are stored and checked, but nothing enforces \
-                         them"
-                            .to_owned(),
-                    ),
+                    network,
                     sim.router_pod_url().map(str::to_owned),
                     Some((namespace.clone(), agent_sandbox_local::GATEWAY.to_owned())),
                     Backing::Sim(Box::new(sim)),
@@ -295,6 +309,14 @@ impl ClusterUnderTest {
         let token = std::env::var(env::ROUTER_TOKEN)
             .ok()
             .filter(|t| !t.is_empty());
+        // In the run's own network namespace there is no internet: one of the run's own stands
+        // for it.
+        let internet = if crate::netns::inside() && std::env::var_os(env::PUBLIC_ADDRESS).is_none()
+        {
+            Some(agent_sandbox_local::testkit::Internet::start().map_err(Error::Config)?)
+        } else {
+            None
+        };
         let signing_key = read_signing_key(&kube, &router_namespace).await?;
         let signing_key_file = match &signing_key {
             Some(key) => Some(write_private(scratch.path(), "router-signing-key", key)?),
@@ -316,10 +338,14 @@ impl ClusterUnderTest {
                 token,
             },
             network,
-            public_address: setting(env::PUBLIC_ADDRESS, "pypi.org:443"),
+            public_address: setting(
+                env::PUBLIC_ADDRESS,
+                &default_public_address(internet.as_ref()),
+            ),
             run: format!("{:06x}", fastrand::u32(..) & 0xff_ffff),
             scratch,
             backing,
+            _internet: internet,
         };
         cluster.preflight().await?;
         Ok(cluster)

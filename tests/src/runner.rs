@@ -102,11 +102,19 @@ pub fn wants_own_network() -> bool {
     let Ok(args) = parse(std::env::args().skip(1)) else {
         return false;
     };
-    !args.list
-        && matches!(
-            args.target.map_or_else(Target::from_env, Ok),
-            Ok(Target::ControlPlane)
-        )
+    if args.list {
+        return false;
+    }
+    match args.target.map_or_else(Target::from_env, Ok) {
+        Ok(Target::ControlPlane) => true,
+        // The simulated cluster's pods get networks of their own where this machine allows
+        // (NetworkPolicies enforced, the network scenarios run): the bridge that takes, and the
+        // "internet", in the run's own namespace.
+        Ok(Target::Sim) => agent_sandbox_local::testkit::Tool::PodNetworks
+            .unavailable()
+            .is_none(),
+        _ => false,
+    }
 }
 
 /// Whether this run selects a scenario of upstream's clients, whose smoke tests `e2e.rs` then

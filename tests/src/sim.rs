@@ -6,14 +6,23 @@
 //! at the router pod (as a Gateway implementation would program it). There is no router in this
 //! process: scenarios reach the router pod, by port-forward, its URL or the Gateway.
 
-use agent_sandbox_local::{DEFAULT_POOL_REPLICAS, LocalCluster, LocalConfig, RouterAuth, testkit};
+use agent_sandbox_local::{
+    DEFAULT_POOL_REPLICAS, LocalCluster, LocalConfig, PodNetworks, RouterAuth, testkit,
+};
 
 use crate::error::Result;
 use crate::support::WAIT;
 
-/// Starts the cluster and waits until the router pod is Ready and the pool is full.
+/// Starts the cluster and waits until the router pod is Ready and the pool is full. In the run's
+/// own network namespace ([`crate::netns::inside`]) its pods get networks of their own, with
+/// their NetworkPolicies enforced.
 pub(crate) async fn start() -> Result<LocalCluster> {
     let config = LocalConfig {
+        networks: if crate::netns::inside() {
+            PodNetworks::Own
+        } else {
+            PodNetworks::Host
+        },
         runtime: testkit::runtime_program()?,
         in_process_router: false,
         router_pod: Some(testkit::router_binary()?),

@@ -16,6 +16,7 @@ use std::time::Duration;
 use agent_sandbox_api::{labels, wire};
 use agent_sandbox_sim::{DefaultReadiness, ImageEntry, Program};
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -92,8 +93,38 @@ pub(crate) async fn install(client: &kube::Client, files: RouterFiles<'_>) -> Re
     for ns in [wire::SYSTEM_NAMESPACE, DEFAULT_NAMESPACE] {
         install_in(client, files, ns).await?;
     }
+    same_namespace_policy(client, DEFAULT_NAMESPACE).await?;
     wait_ready_in(client, DEFAULT_NAMESPACE, ROUTER_POD).await?;
     wait_ready(client, ROUTER_POD).await
+}
+
+/// The policy of `deploy/sandboxes/namespace-router/networkpolicy.yaml` in `ns`: policies are
+/// additive, so besides the template's (which admits the router of `agent-sandbox-system`) this
+/// one admits the router of the sandboxes' own namespace to their runtime port. Without it that
+/// router's requests are dropped where policies are enforced (the seed article's gotcha 3).
+async fn same_namespace_policy(client: &kube::Client, ns: &str) -> Result<()> {
+    let name = "sandbox-router-same-namespace";
+    let policy: NetworkPolicy = from_json(
+        "the namespace router's NetworkPolicy",
+        json!({
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {
+                "podSelector": {"matchExpressions": [
+                    {"key": labels::SANDBOX_NAME_HASH, "operator": "Exists"}]},
+                "policyTypes": ["Ingress"],
+                "ingress": [{
+                    "from": [{"podSelector": {"matchLabels": {
+                        labels::ROUTER_APP: labels::ROUTER_APP_VALUE}}}],
+                    "ports": [{"protocol": "TCP", "port": wire::RUNTIME_PORT}]
+                }]
+            }
+        }),
+    )?;
+    Api::<NetworkPolicy>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &policy)
+        .await
+        .map_err(Error::kube("create", format!("NetworkPolicy {ns}/{name}")))?;
+    Ok(())
 }
 
 async fn create_secret(
