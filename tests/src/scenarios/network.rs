@@ -1,5 +1,7 @@
 //! The seed's network probe, from inside a sandbox: the Kubernetes API server's Service
-//! address is blocked by the template's NetworkPolicy, a public address is reachable.
+//! address is blocked by the template's NetworkPolicy, a public address is reachable; its
+//! gotcha 3 (a router outside the admitted namespace is dropped) and the additive fix; and the
+//! host's files a sandbox must not see.
 
 use std::time::Duration;
 
@@ -81,6 +83,224 @@ pub(super) async fn a_sandbox_cannot_reach_the_api_server_but_reaches_the_intern
             cluster.public_address,
             public.stdout.trim(),
             public.stderr
+        );
+        Ok(())
+    }
+    .await;
+    let _ = sandbox.close().await;
+    outcome.map(|()| Verdict::Passed)
+}
+
+/// What a TCP connect from a new pod (in `namespace`, with `labels`) to `host:port` gives:
+/// `open`, `refused` or `timeout`. The pod is deleted afterwards.
+async fn probe_from_pod(
+    cluster: &ClusterUnderTest,
+    namespace: &str,
+    labels: serde_json::Value,
+    host: &str,
+    port: u16,
+) -> Result<String> {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{LogParams, PostParams};
+    let pods: Api<Pod> = Api::namespaced(cluster.kube.clone(), namespace);
+    let name = format!(
+        "e2e-{}-probe-{:06x}",
+        cluster.run,
+        fastrand::u32(..) & 0xff_ffff
+    );
+    let mut labels = labels;
+    labels[RUN_LABEL] = serde_json::json!(cluster.run);
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {"restartPolicy": "Never", "containers": [{
+            "name": "probe", "image": "python:3.12-slim",
+            "command": ["python3", "-c", PROBE, host, port.to_string()]}]}
+    }))
+    .map_err(|e| Error::Check(format!("the probe pod: {e}")))?;
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .map_err(Error::kube("create the probe pod"))?;
+    let finished = crate::support::wait_for(
+        &format!("probe pod {namespace}/{name} to finish"),
+        Duration::from_secs(60),
+        || async {
+            let pod = pods
+                .get(&name)
+                .await
+                .map_err(Error::kube("get the probe pod"))?;
+            let phase = pod.status.and_then(|s| s.phase).unwrap_or_default();
+            Ok(if phase == "Succeeded" || phase == "Failed" {
+                crate::support::Check::Done(())
+            } else {
+                crate::support::Check::NotYet(phase)
+            })
+        },
+    )
+    .await;
+    let logs = pods.logs(&name, &LogParams::default()).await;
+    let _ = pods.delete(&name, &Default::default()).await;
+    finished?;
+    Ok(logs
+        .map_err(Error::kube("read the probe pod's log"))?
+        .trim()
+        .to_owned())
+}
+
+/// The seed's gotcha 3 at the network: a router pod outside the namespace the template's policy
+/// admits is dropped (it times out, as the router's proxy would before answering 504), and an
+/// additive policy admitting that namespace's router lets it through; other pods of that
+/// namespace stay out.
+pub(super) async fn a_router_outside_the_admitted_namespace_times_out_until_an_additive_policy_admits_it(
+    cluster: &ClusterUnderTest,
+) -> Result<Verdict> {
+    use agent_sandbox_api::labels;
+    use k8s_openapi::api::core::v1::Namespace;
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    use kube::api::PostParams;
+    use serde_json::json;
+    if let NetworkEnforcement::NotEnforced(reason) = &cluster.network {
+        return Ok(Verdict::Skipped(reason.clone()));
+    }
+    let client = cluster.sdk(SdkMode::PortForward).map_err(Error::Config)?;
+    let sandbox = client
+        .create_sandbox_with(
+            &cluster.pool,
+            CreateOptions::default()
+                .label(RUN_LABEL, cluster.run.clone())
+                .shutdown_after(Duration::from_secs(600)),
+        )
+        .await
+        .map_err(Error::sdk("claim a sandbox for the gotcha-3 probe"))?;
+    let outside = format!("e2e-{}-routers", cluster.run);
+    let policy_name = format!("e2e-{}-admit-{outside}", cluster.run);
+    let outcome = async {
+        let ip = sandbox
+            .pod_ip()
+            .ok_or_else(|| Error::Check("the sandbox has no pod IP".to_owned()))?
+            .to_owned();
+        let namespace: Namespace = serde_json::from_value(json!({
+            "metadata": {"name": outside, "labels": {RUN_LABEL: cluster.run}}
+        }))
+        .map_err(|e| Error::Check(format!("the namespace: {e}")))?;
+        Api::<Namespace>::all(cluster.kube.clone())
+            .create(&PostParams::default(), &namespace)
+            .await
+            .map_err(Error::kube("create the routers' namespace"))?;
+        let router = json!({labels::ROUTER_APP: labels::ROUTER_APP_VALUE});
+        let port = agent_sandbox_api::wire::RUNTIME_PORT;
+        let before = probe_from_pod(cluster, &outside, router.clone(), &ip, port).await?;
+        ensure!(
+            before == "timeout",
+            "a router pod in {outside} reached the sandbox's runtime port ({before}); the \
+             template's policy admits only {}",
+            cluster.router.namespace
+        );
+        // The additive fix: admit the router pods of that namespace too.
+        let policy: NetworkPolicy = serde_json::from_value(json!({
+            "metadata": {"name": policy_name, "namespace": cluster.namespace,
+                         "labels": {RUN_LABEL: cluster.run}},
+            "spec": {
+                "podSelector": {"matchLabels": {
+                    labels::SANDBOX_NAME_HASH: agent_sandbox_api::name_hash(sandbox.sandbox_name())}},
+                "policyTypes": ["Ingress"],
+                "ingress": [{"from": [{
+                    "namespaceSelector": {"matchLabels": {labels::NAMESPACE_NAME: outside}},
+                    "podSelector": {"matchLabels": router}}],
+                    "ports": [{"protocol": "TCP", "port": port}]}]
+            }
+        }))
+        .map_err(|e| Error::Check(format!("the policy: {e}")))?;
+        let policies: Api<NetworkPolicy> = cluster.api();
+        policies
+            .create(&PostParams::default(), &policy)
+            .await
+            .map_err(Error::kube("create the additive policy"))?;
+        // The node applies it through a watch: a few tries.
+        let mut after = String::new();
+        for _ in 0..5 {
+            after = probe_from_pod(cluster, &outside, router.clone(), &ip, port).await?;
+            if after == "open" {
+                break;
+            }
+        }
+        ensure!(
+            after == "open",
+            "with the additive policy, the router pod in {outside} still got {after:?}"
+        );
+        let other = probe_from_pod(cluster, &outside, json!({"app": "other"}), &ip, port).await?;
+        ensure!(
+            other == "timeout",
+            "the additive policy admits router pods only, but another pod of {outside} got \
+             {other:?}"
+        );
+        Ok(())
+    }
+    .await;
+    let _ = Api::<NetworkPolicy>::namespaced(cluster.kube.clone(), &cluster.namespace)
+        .delete(&policy_name, &Default::default())
+        .await;
+    let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(cluster.kube.clone())
+        .delete(&outside, &Default::default())
+        .await;
+    let _ = sandbox.close().await;
+    outcome.map(|()| Verdict::Passed)
+}
+
+/// Code in a sandbox cannot read the home directory of the user running the suite, the
+/// kubeconfig it uses, or root's home: on a real cluster they are on another machine; on the
+/// simulated cluster and the control-plane tier the node runs pods on this machine, and they
+/// must still not be there.
+pub(super) async fn a_sandbox_cannot_read_the_users_home_or_kubeconfig(
+    cluster: &ClusterUnderTest,
+) -> Result<Verdict> {
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".to_owned());
+    let targets = [
+        home.clone(),
+        format!("{home}/.kube/config"),
+        format!("{home}/.ssh"),
+        cluster.kubeconfig.display().to_string(),
+        "/root".to_owned(),
+        "/home".to_owned(),
+        env!("CARGO_MANIFEST_DIR").to_owned(),
+    ];
+    let client = cluster.sdk(SdkMode::PortForward).map_err(Error::Config)?;
+    let sandbox = client
+        .create_sandbox_with(
+            &cluster.pool,
+            CreateOptions::default()
+                .label(RUN_LABEL, cluster.run.clone())
+                .shutdown_after(Duration::from_secs(600)),
+        )
+        .await
+        .map_err(Error::sdk("claim a sandbox for the home-directory probe"))?;
+    let outcome = async {
+        let mut script = String::new();
+        for target in &targets {
+            // Listing or reading: either would leak.
+            script.push_str(&format!(
+                "if ls -d '{target}' >/dev/null 2>&1 || cat '{target}' >/dev/null 2>&1; then \
+                 echo 'LEAK {target}'; else echo blocked; fi\n"
+            ));
+        }
+        sandbox
+            .write("probe.sh", script.into_bytes())
+            .await
+            .map_err(Error::sdk("write probe.sh"))?;
+        let run = sandbox
+            .run("sh probe.sh")
+            .await
+            .map_err(Error::sdk("probe the host's files"))?;
+        ensure!(
+            !run.stdout.contains("LEAK"),
+            "from the sandbox: {} (stderr {:?})",
+            run.stdout.trim(),
+            run.stderr
+        );
+        ensure!(
+            run.stdout.matches("blocked").count() == targets.len(),
+            "the probe printed {:?} (stderr {:?})",
+            run.stdout,
+            run.stderr
         );
         Ok(())
     }
