@@ -670,7 +670,14 @@ async fn dev_serves_until_ctrl_c_and_completion_prints_a_script() {
     command
         // The host's network: the other processes below reach the cluster on this machine's
         // loopback (own pod networks are tested by `run_local_works_from_a_clean_environment...`).
-        .args(["dev", "--network", "host", "--replicas", "1", "--kubeconfig-out"])
+        .args([
+            "dev",
+            "--network",
+            "host",
+            "--replicas",
+            "1",
+            "--kubeconfig-out",
+        ])
         .arg(&kubeconfig)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

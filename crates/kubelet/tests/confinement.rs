@@ -354,3 +354,23 @@ fn cgroup_files(uid: &str) -> Vec<(String, String)> {
     }
     found
 }
+
+#[tokio::test]
+async fn strict_isolation_refuses_to_start_without_every_protection() {
+    if missing(Tool::Bubblewrap) {
+        return;
+    }
+    // Without a network of their own (the sim's default), pods would lack one protection.
+    let error = Sim::start(SimConfig::default().isolation(Isolation::Strict))
+        .await
+        .unwrap_err();
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(&error);
+    while let Some(cause) = source {
+        text.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    assert!(text.contains("strict isolation"), "{text}");
+    assert!(text.contains("a network of their own"), "{text}");
+    assert!(error.is_configuration(), "{text}");
+}

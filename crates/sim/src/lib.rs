@@ -373,7 +373,12 @@ impl Sim {
                 client_for(&base_url, Some(api::NODE_USER_AGENT))?,
                 KubeletConfig {
                     images: config.images.clone(),
-                    isolation,
+                    // Strict stays strict: the kubelet checks that every protection works.
+                    isolation: if config.isolation == Isolation::Strict {
+                        Isolation::Strict
+                    } else {
+                        isolation
+                    },
                     fast_probe_interval: config.fast_probe_interval,
                     ..pod_networks(&config, addr, KubeletConfig::new(NODE_NAME, &data_dir))?
                 },

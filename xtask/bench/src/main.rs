@@ -11,6 +11,7 @@
 //! `--quick` (fewer iterations), `--dry-run` (print, do not write the report), `--list`.
 
 mod api;
+mod cli;
 mod control_plane;
 mod controller;
 mod report;
@@ -105,6 +106,7 @@ pub(crate) struct Case {
 fn cases() -> Vec<Case> {
     let mut cases = Vec::new();
     cases.extend(api::cases());
+    cases.extend(cli::cases());
     cases.extend(controller::cases());
     cases.extend(control_plane::cases());
     cases.extend(runtime::cases());
