@@ -125,6 +125,42 @@ fn interface_name(prefix: &str) -> String {
     format!("{prefix}{:08x}", fastrand::u32(..))
 }
 
+/// The alias of a kubelet's bridge: this and the kubelet's pid.
+const ALIAS_PREFIX: &str = "agent-sandbox-kubelet-";
+
+/// Removes the bridges (and their tables) of kubelets whose process is gone: a kubelet killed
+/// with SIGKILL leaves its bridge behind; the next one to start here takes it away.
+fn sweep() {
+    let Ok(output) = Command::new("ip")
+        .args(["-o", "link", "show", "type", "bridge"])
+        .stderr(Stdio::null())
+        .output()
+    else {
+        return;
+    };
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
+        let Some(name) = line
+            .split(": ")
+            .nth(1)
+            .map(|n| n.split('@').next().unwrap_or(n))
+        else {
+            continue;
+        };
+        let Some(pid) = line
+            .split("alias ")
+            .nth(1)
+            .and_then(|alias| alias.trim().strip_prefix(ALIAS_PREFIX))
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = run("ip", &["link", "del", name], None);
+            let _ = run("nft", &["delete", "table", "ip", name], None);
+        }
+    }
+}
+
 /// The forwarding setting of this namespace before the first bridge, restored after the last.
 static FORWARDING: Mutex<(usize, Option<String>)> = Mutex::new((0, None));
 const FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
@@ -150,12 +186,16 @@ impl Bridge {
         api: Option<SocketAddr>,
     ) -> Result<Self, String> {
         available()?;
+        sweep();
         let size = 1u32 << (32 - u32::from(prefix.clamp(8, 30)));
         let base = u32::from(network) & !(size - 1);
         let network = Ipv4Addr::from(base);
         let gateway = Ipv4Addr::from(base + 1);
         let name = interface_name("asb");
         run("ip", &["link", "add", &name, "type", "bridge"], None)?;
+        // Who made it, for [`sweep`] after a kubelet that could not clean up (SIGKILL).
+        let alias = format!("{ALIAS_PREFIX}{}", std::process::id());
+        run("ip", &["link", "set", &name, "alias", &alias], None)?;
         let mut bridge = Self {
             name,
             prefix,

@@ -209,8 +209,27 @@ fn network_policies_are_enforced_additive_and_dropped_not_refused() {
     if !in_own_network("network_policies_are_enforced_additive_and_dropped_not_refused") {
         return;
     }
+    // A bridge a SIGKILLed kubelet left behind (its pid is gone): the next kubelet removes it.
+    let dead = std::process::Command::new("true").spawn().unwrap();
+    let dead_pid = dead.id();
+    let _ = { dead }.wait();
+    let ip_tool = |args: &[&str]| {
+        std::process::Command::new("ip")
+            .args(args)
+            .stderr(Stdio::null())
+            .status()
+            .unwrap()
+            .success()
+    };
+    assert!(ip_tool(&["link", "add", "asbleftover", "type", "bridge"]));
+    let alias = format!("agent-sandbox-kubelet-{dead_pid}");
+    assert!(ip_tool(&["link", "set", "asbleftover", "alias", &alias]));
     tokio::runtime::Runtime::new().unwrap().block_on(async {
         let sim = sim().await;
+        assert!(
+            !ip_tool(&["link", "show", "asbleftover"]),
+            "the dead kubelet's bridge is still there"
+        );
         let client = sim.client().unwrap();
         namespace(&client, "agent-sandbox-system").await;
         apply_policy(&client, template_policy()).await;

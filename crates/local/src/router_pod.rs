@@ -30,11 +30,11 @@ use crate::wait::{Check, wait_for};
 const ROUTER_IMAGE: &str = "agent-sandbox/sandbox-router:local";
 /// How long the router pod may take to become Ready.
 const ROUTER_READY: Duration = Duration::from_secs(120);
-/// The Secret holding the kubeconfig the router pods use (key [`KUBECONFIG_KEY`]).
+/// The Secret holding the kubeconfig the router pods use (key `kubeconfig`).
 pub const KUBECONFIG_SECRET: &str = "sandbox-router-kubeconfig";
 const KUBECONFIG_KEY: &str = "kubeconfig";
 const KUBECONFIG_DIR: &str = "/etc/sandbox-router/kubeconfig";
-/// The Secret holding the router pods' bearer token for `--auth token` (key [`TOKEN_KEY`]).
+/// The Secret holding the router pods' bearer token for `--auth token` (key `token`).
 pub const TOKEN_SECRET: &str = "sandbox-router-token";
 const TOKEN_KEY: &str = "token";
 const TOKEN_DIR: &str = "/etc/sandbox-router/token";
