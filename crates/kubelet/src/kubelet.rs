@@ -143,7 +143,7 @@ impl PodNetwork {
         crate::pod_net::available()
     }
 
-    /// Bridge networking in a /24 of 10.200.0.0/13 that no route here overlaps, forwarding the
+    /// Bridge networking in a /20 of 10.200.0.0/13 that no route here overlaps, forwarding the
     /// `kubernetes` Service to `api`; `None` when every range tried overlaps one.
     pub fn free_bridge(api: Option<SocketAddr>) -> Option<Self> {
         crate::pod_net::free_range().map(|(network, prefix)| Self::Bridge {
@@ -212,6 +212,8 @@ pub(crate) struct Context {
     pub(crate) bridge: Option<crate::pod_net::Bridge>,
     /// The NetworkPolicies and namespaces the pods' rules come from.
     pub(crate) policies: Mutex<crate::netpol::Cluster>,
+    /// Held while rules are applied ([`Context::apply_policies`]).
+    pub(crate) applying_policies: Mutex<()>,
     pub(crate) pods_dir: PathBuf,
     pub(crate) volumes_dir: PathBuf,
     pub(crate) fast_probe: Duration,
@@ -331,11 +333,17 @@ impl Context {
         })
     }
 
-    /// Brings every pod's rules in line with the policies, namespaces and pods known now.
+    /// Brings every pod's rules in line with the policies, namespaces and pods known now. One
+    /// at a time, each from a snapshot taken under the lock, so that an older snapshot's rules
+    /// never land after a newer one's.
     pub(crate) fn apply_policies(&self) {
         let Some(node) = self.node_rules() else {
             return;
         };
+        let _one_at_a_time = self
+            .applying_policies
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let cluster = self.policy_cluster();
         let nets: Vec<(String, crate::netpol::PodPeer, Arc<crate::pod_net::PodNet>)> = self
             .pods
@@ -422,6 +430,7 @@ impl Kubelet {
             pod_pids_limit: config.pod_pids_limit,
             bridge,
             policies: Mutex::new(crate::netpol::Cluster::default()),
+            applying_policies: Mutex::new(()),
             cgroup: {
                 static KUBELETS: std::sync::atomic::AtomicU32 =
                     std::sync::atomic::AtomicU32::new(0);

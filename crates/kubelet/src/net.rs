@@ -73,7 +73,11 @@ pub(crate) fn allocate(network: PodNetwork, ports: &[u16]) -> Option<PodIp> {
         let ip = candidate_in(network);
         {
             let mut reserved = in_use().lock().unwrap_or_else(PoisonError::into_inner);
-            if reserved.contains(&ip) {
+            let mut released = recently_released()
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            released.retain(|_, at| at.elapsed() < REUSE_AFTER);
+            if reserved.contains(&ip) || released.contains_key(&ip) {
                 continue;
             }
             reserved.insert(ip);
@@ -87,12 +91,26 @@ pub(crate) fn allocate(network: PodNetwork, ports: &[u16]) -> Option<PodIp> {
     None
 }
 
-/// Returns an address to the pool.
+/// Returns an address to the pool, to be handed out again only after [`REUSE_AFTER`]: peers
+/// may still have the old pod's link-layer address cached for it.
 pub(crate) fn release(ip: Ipv4Addr) {
     in_use()
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .remove(&ip);
+    recently_released()
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .insert(ip, std::time::Instant::now());
+}
+
+/// How long a released address rests.
+const REUSE_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
+fn recently_released() -> &'static Mutex<std::collections::HashMap<Ipv4Addr, std::time::Instant>> {
+    static RELEASED: OnceLock<Mutex<std::collections::HashMap<Ipv4Addr, std::time::Instant>>> =
+        OnceLock::new();
+    RELEASED.get_or_init(|| Mutex::new(std::collections::HashMap::new()))
 }
 
 #[cfg(test)]

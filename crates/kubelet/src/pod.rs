@@ -107,6 +107,19 @@ struct Worker {
     env_cache: Vec<BTreeMap<String, String>>,
 }
 
+/// A pod's labels.
+fn labels_of(pod: &Value) -> BTreeMap<String, String> {
+    pod.pointer("/metadata/labels")
+        .and_then(Value::as_object)
+        .map(|labels| {
+            labels
+                .iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 fn now() -> String {
     agent_sandbox_api::time::format(k8s_openapi::jiff::Timestamp::now())
 }
@@ -335,6 +348,20 @@ impl Worker {
     /// Takes in the conditions others set (readiness gates, say) from the pod as the API has
     /// it, so that the next status keeps them; ours stay as we last wrote them.
     fn observe(&mut self, pod: &Value) {
+        // Labels change (a warm pool member adopted by a claim gets its claim's): policies
+        // select by them, so the pods' rules follow.
+        let labels = labels_of(pod);
+        let mut changed = false;
+        self.ctx.update_pod(&self.key, |runtime| {
+            if runtime.peer.labels != labels {
+                runtime.peer.labels = labels;
+                changed = true;
+            }
+        });
+        if changed && self.ctx.bridge.is_some() {
+            let ctx = self.ctx.clone();
+            tokio::task::spawn_blocking(move || ctx.apply_policies());
+        }
         let ours = pod_status::OWN_CONDITIONS;
         let is_ours =
             |c: &Value| ours.contains(&c.get("type").and_then(Value::as_str).unwrap_or_default());
@@ -489,17 +516,7 @@ impl Worker {
 
     /// The pod as NetworkPolicies see it: namespace, labels and named container ports.
     fn peer(&self) -> netpol::PodPeer {
-        let labels = self
-            .pod
-            .pointer("/metadata/labels")
-            .and_then(Value::as_object)
-            .map(|labels| {
-                labels
-                    .iter()
-                    .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let labels = labels_of(&self.pod);
         let mut ports = BTreeMap::new();
         for port in self
             .specs

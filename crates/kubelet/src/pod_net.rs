@@ -66,8 +66,10 @@ fn routes() -> Vec<(u32, u32)> {
         .collect()
 }
 
-/// A /24 in 10.200.0.0/13 that no route of this namespace overlaps (a default route does not
-/// count), chosen at random so that kubelets running at once rarely pick the same one.
+/// A /20 in 10.200.0.0/13 that no route of this namespace overlaps (a default route does not
+/// count), chosen at random so that kubelets running at once rarely pick the same one. 4094
+/// addresses: pod IPs are drawn at random, and a wide range keeps an address from coming back
+/// soon after its pod (whose address neighbours may still have cached).
 pub(crate) fn free_range() -> Option<(Ipv4Addr, u8)> {
     let routes: Vec<(u32, u32)> = routes()
         .into_iter()
@@ -75,14 +77,14 @@ pub(crate) fn free_range() -> Option<(Ipv4Addr, u8)> {
         .collect();
     let base = u32::from(Ipv4Addr::new(10, 200, 0, 0));
     for _ in 0..64 {
-        let candidate = base + (fastrand::u32(..2048) << 8);
-        let mask = 0xffff_ff00u32;
+        let candidate = base + (fastrand::u32(..128) << 12);
+        let mask = 0xffff_f000u32;
         let overlaps = routes.iter().any(|(destination, route_mask)| {
             let common = mask & route_mask;
             candidate & common == destination & common
         });
         if !overlaps {
-            return Some((Ipv4Addr::from(candidate), 24));
+            return Some((Ipv4Addr::from(candidate), 20));
         }
     }
     None
@@ -345,6 +347,8 @@ impl PodNet {
             "set -e\n\
              for f in /proc/sys/net/ipv6/conf/all/disable_ipv6 /proc/sys/net/ipv6/conf/default/disable_ipv6; do \
                [ -e $f ] && echo 1 > $f; done\n\
+             echo 1 > /proc/sys/net/ipv4/conf/all/arp_notify\n\
+             echo 1 > /proc/sys/net/ipv4/conf/default/arp_notify\n\
              ip link set lo up\n\
              ip link set {pod_interface} name eth0\n\
              ip addr add {ip}/{prefix} dev eth0\n\

@@ -14,6 +14,9 @@ use kube::runtime::watcher::{self, Event};
 use crate::kubelet::Context;
 use crate::netpol::namespace_labels;
 
+/// How often every pod's rules are recomputed regardless of events.
+const RESYNC: Duration = Duration::from_secs(5);
+
 fn key(policy: &NetworkPolicy) -> (String, String) {
     (
         policy.metadata.namespace.clone().unwrap_or_default(),
@@ -38,7 +41,22 @@ pub(crate) async fn watch(ctx: Arc<Context>) {
     let mut pending: BTreeMap<(String, String), NetworkPolicy> = BTreeMap::new();
     let mut labels: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
     let mut pending_labels: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
-    while let Some(change) = changes.next().await {
+    // Every few seconds the rules are brought in line again from scratch, whatever was missed
+    // (cheap: a pod whose rules did not change is not touched).
+    let mut resync = tokio::time::interval(RESYNC);
+    resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let change = tokio::select! {
+            change = changes.next() => match change {
+                Some(change) => change,
+                None => return,
+            },
+            _ = resync.tick() => {
+                let ctx = ctx.clone();
+                let _ = tokio::task::spawn_blocking(move || ctx.apply_policies()).await;
+                continue;
+            }
+        };
         let publish = match change {
             Ok(Change::Policy(event)) => match event {
                 Event::Apply(policy) => {

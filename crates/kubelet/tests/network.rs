@@ -264,6 +264,18 @@ fn network_policies_are_enforced_additive_and_dropped_not_refused() {
         assert_eq!(probe(&client, "default", json!({}), &sandbox_ip, 8888).await, "timeout");
         // The node itself (probes, port-forward, a router on the host) always reaches pods.
         assert!(std::net::TcpStream::connect((sandbox_ip.as_str(), 8888)).is_ok());
+        // Policies follow label changes: a pod no policy selects, then labelled as a sandbox.
+        let late = create(&pods, server("default", "late", json!({}))).await;
+        let late_ip = ip(&late);
+        assert_eq!(probe(&client, "default", json!({}), &late_ip, 8888).await, "open");
+        let patch = json!({"metadata": {"labels": {"sandbox": "yes"}}});
+        pods.patch("late", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))
+            .await
+            .unwrap();
+        assert_eq!(
+            probe_until(&client, "default", json!({}), &late_ip, 8888, "timeout").await,
+            "timeout"
+        );
         sim.stop().await;
     });
 }

@@ -93,7 +93,7 @@ pub struct SimConfig {
     pub bookmark_interval: Duration,
     /// Readiness probe interval until a container is first ready.
     pub fast_probe_interval: Duration,
-    /// Each pod in a network namespace of its own on a bridge of the node (a free /24 of
+    /// Each pod in a network namespace of its own on a bridge of the node (a free /20 of
     /// 10.200.0.0/13), its NetworkPolicies enforced, the `kubernetes` Service (10.96.0.1:443)
     /// forwarded to this API server: needs root, bubblewrap isolation, `ip`, `nft` and
     /// `nsenter` (starting fails otherwise). Off by default: pods then share the host's network
@@ -112,7 +112,7 @@ fn pod_networks(config: &SimConfig, api: SocketAddr, base: KubeletConfig) -> Res
     let network = agent_sandbox_kubelet::PodNetwork::free_bridge(Some(api)).ok_or_else(|| {
         Error::Kubelet {
             source: agent_sandbox_kubelet::Error::PodNetwork(
-                "every /24 of 10.200.0.0/13 tried overlaps a route here".to_owned(),
+                "every /20 of 10.200.0.0/13 tried overlaps a route here".to_owned(),
             ),
         }
     })?;

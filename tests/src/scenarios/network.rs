@@ -24,6 +24,21 @@ try:\n    s.connect((host,port)); print('open')\n\
 except socket.timeout:\n    print('timeout')\n\
 except OSError as e:\n    print('refused' if e.errno==111 else 'error %s' % e)\n";
 
+/// A sandbox of the pool (through port-forward, expiring after 10 minutes, labelled with the
+/// run), for the probe named `what`.
+async fn claim(cluster: &ClusterUnderTest, what: &str) -> Result<agent_sandbox::Sandbox> {
+    let client = cluster.sdk(SdkMode::PortForward).map_err(Error::Config)?;
+    client
+        .create_sandbox_with(
+            &cluster.pool,
+            CreateOptions::default()
+                .label(RUN_LABEL, cluster.run.clone())
+                .shutdown_after(Duration::from_secs(600)),
+        )
+        .await
+        .map_err(Error::sdk(format!("claim a sandbox for {what}")))
+}
+
 /// The API server (Service `kubernetes` in `default`) times out from a sandbox; the public
 /// address connects.
 pub(super) async fn a_sandbox_cannot_reach_the_api_server_but_reaches_the_internet(
@@ -47,16 +62,7 @@ pub(super) async fn a_sandbox_cannot_reach_the_api_server_but_reaches_the_intern
             cluster.public_address
         ))
     })?;
-    let client = cluster.sdk(SdkMode::PortForward).map_err(Error::Config)?;
-    let sandbox = client
-        .create_sandbox_with(
-            &cluster.pool,
-            CreateOptions::default()
-                .label(RUN_LABEL, cluster.run.clone())
-                .shutdown_after(Duration::from_secs(600)),
-        )
-        .await
-        .map_err(Error::sdk("claim a sandbox for the network probe"))?;
+    let sandbox = claim(cluster, "the network probe").await?;
     let outcome = async {
         sandbox
             .write("probe.py", PROBE.as_bytes().to_vec())
@@ -161,16 +167,7 @@ pub(super) async fn a_router_outside_the_admitted_namespace_times_out_until_an_a
     if let NetworkEnforcement::NotEnforced(reason) = &cluster.network {
         return Ok(Verdict::Skipped(reason.clone()));
     }
-    let client = cluster.sdk(SdkMode::PortForward).map_err(Error::Config)?;
-    let sandbox = client
-        .create_sandbox_with(
-            &cluster.pool,
-            CreateOptions::default()
-                .label(RUN_LABEL, cluster.run.clone())
-                .shutdown_after(Duration::from_secs(600)),
-        )
-        .await
-        .map_err(Error::sdk("claim a sandbox for the gotcha-3 probe"))?;
+    let sandbox = claim(cluster, "the gotcha-3 probe").await?;
     let outside = format!("e2e-{}-routers", cluster.run);
     let policy_name = format!("e2e-{}-admit-{outside}", cluster.run);
     let outcome = async {
@@ -263,16 +260,7 @@ pub(super) async fn a_sandbox_cannot_read_the_users_home_or_kubeconfig(
         "/home".to_owned(),
         env!("CARGO_MANIFEST_DIR").to_owned(),
     ];
-    let client = cluster.sdk(SdkMode::PortForward).map_err(Error::Config)?;
-    let sandbox = client
-        .create_sandbox_with(
-            &cluster.pool,
-            CreateOptions::default()
-                .label(RUN_LABEL, cluster.run.clone())
-                .shutdown_after(Duration::from_secs(600)),
-        )
-        .await
-        .map_err(Error::sdk("claim a sandbox for the home-directory probe"))?;
+    let sandbox = claim(cluster, "the home-directory probe").await?;
     let outcome = async {
         let mut script = String::new();
         for target in &targets {

@@ -55,6 +55,17 @@ impl Internet {
         // Dropped (and killed) on every early return below.
         let internet = Self(child);
         let netns = format!("/proc/{}/ns/net", internet.0.id());
+        // Until `unshare` has made its namespace, the child's is still ours: a link moved there
+        // now would stay here.
+        let ours = std::fs::read_link("/proc/self/ns/net")
+            .map_err(|error| format!("cannot read this process's network namespace: {error}"))?;
+        let deadline = Instant::now() + PATIENCE;
+        while std::fs::read_link(&netns).is_ok_and(|theirs| theirs == ours) {
+            if Instant::now() > deadline {
+                return Err("unshare did not make the internet's namespace".to_owned());
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
         for args in [
             &[
                 "link", "add", "inet1", "type", "veth", "peer", "name", "inet0", "netns", &netns,
@@ -70,7 +81,6 @@ impl Internet {
                 return Err(format!("`ip {}` failed", args.join(" ")));
             }
         }
-        let deadline = Instant::now() + PATIENCE;
         while std::net::TcpStream::connect((INTERNET_ADDRESS, 80)).is_err() {
             if Instant::now() > deadline {
                 return Err(format!(
