@@ -128,6 +128,9 @@ pub async fn start_local(config: LocalConfig, ready_timeout: Duration) -> Result
             missing.join("; ")
         );
     }
+    if let Some(internet) = &cluster.protections().internet {
+        eprintln!("sandbox-agent: warning: {internet}");
+    }
     cluster
         .wait_for_pool(1, ready_timeout, |_, _| {})
         .await

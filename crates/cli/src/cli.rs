@@ -159,8 +159,8 @@ pub struct DevArgs {
     #[arg(long, default_value = "auto")]
     pub isolation: Isolation,
     /// Pod networks of the local cluster: auto (each pod its own, NetworkPolicies enforced,
-    /// where this machine allows: root with ip, nft and nsenter), own (or refuse to start),
-    /// host (pods share this machine's network).
+    /// where this machine allows: ip and nft, and root or user namespaces), own (or refuse to
+    /// start), host (pods share this machine's network).
     #[arg(long, default_value = "auto")]
     pub network: PodNetworks,
     /// Router authentication: token (one random bearer token), scoped (a token per sandbox,
@@ -215,8 +215,8 @@ pub struct RunArgs {
     #[arg(long, default_value = "auto")]
     pub isolation: Isolation,
     /// Pod networks of the local cluster: auto (each pod its own, NetworkPolicies enforced,
-    /// where this machine allows: root with ip, nft and nsenter), own (or refuse to start),
-    /// host (pods share this machine's network).
+    /// where this machine allows: ip and nft, and root or user namespaces), own (or refuse to
+    /// start), host (pods share this machine's network).
     #[arg(long, default_value = "auto")]
     pub network: PodNetworks,
     /// How to run the command.

@@ -233,6 +233,71 @@ async fn run_local_works_from_a_clean_environment_and_leaves_nothing_behind() {
 }
 
 #[tokio::test]
+async fn run_local_as_a_user_not_root_gives_pods_networks_of_their_own() {
+    if testkit::missing(Tool::Python3)
+        || testkit::missing(Tool::PodNetworks)
+        || testkit::missing(Tool::Slirp4netns)
+    {
+        return;
+    }
+    // As `nobody`, in a network and mount namespace of the test's own whose /dev/net/tun any
+    // user may open (as on most distributions; the machine's own node stays as it is).
+    let home = tempfile::tempdir().unwrap();
+    std::os::unix::fs::chown(home.path(), Some(65534), Some(65534)).unwrap();
+    let script = "ip link set lo up && mount -t tmpfs -o mode=0755 tmpfs /dev/net && \
+                  mknod -m 0666 /dev/net/tun c 10 200 && \
+                  exec setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all \
+                  -- \"$0\" \"$@\"";
+    let mut command = Command::new("unshare");
+    command
+        .args(["--net", "--mount", "--", "sh", "-c", script, BIN])
+        .args(["run", "--local", "--", "python3", "-c", "print(6*7)"])
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", home.path())
+        .env("TMPDIR", home.path())
+        .stdin(Stdio::null());
+    let out = output(command).await;
+    assert_eq!(ok(&out), "42\n");
+    let stderr = text(&out.stderr);
+    // What a user that is not root lacks is said; a network of their own is not among it.
+    assert!(stderr.contains("lack a host uid per pod"), "{stderr}");
+    assert!(!stderr.contains("network of their own"), "{stderr}");
+    assert!(!stderr.contains("no internet"), "{stderr}");
+    // Where this user cannot open /dev/net/tun (the machine's own node here: root's only),
+    // pods still get networks of their own, without an internet, and the run says so.
+    let script = "ip link set lo up && \
+                  exec setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all \
+                  -- \"$0\" \"$@\"";
+    let tun_open = std::fs::metadata("/dev/net/tun").is_ok_and(|tun| {
+        std::os::unix::fs::PermissionsExt::mode(&tun.permissions()) & 0o006 == 0o006
+    });
+    let mut command = Command::new("unshare");
+    command
+        .args(["--net", "--", "sh", "-c", script, BIN])
+        .args(["run", "--local", "--", "python3", "-c", "print(6*7)"])
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", home.path())
+        .env("TMPDIR", home.path())
+        .stdin(Stdio::null());
+    let out = output(command).await;
+    assert_eq!(ok(&out), "42\n");
+    let stderr = text(&out.stderr);
+    assert!(!stderr.contains("network of their own"), "{stderr}");
+    if !tun_open {
+        assert!(
+            stderr.contains("warning: no internet for pods (slirp4netns needs /dev/net/tun"),
+            "{stderr}"
+        );
+    }
+    eventually("no process of the local cluster", || async {
+        processes_mentioning(home.path()).is_empty()
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn run_local_propagates_the_exit_code_and_both_streams() {
     let home = tempfile::tempdir().unwrap();
     let mut command = clean(home.path());

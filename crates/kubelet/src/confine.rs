@@ -44,6 +44,9 @@ pub struct Protections {
     /// Why pods share the node's network (`None`: each has its own, with its NetworkPolicies
     /// enforced).
     pub network: Option<String>,
+    /// Why pods with a network of their own have no internet (`None`: they have one, or share
+    /// the node's network). Not a protection: `Isolation::Strict` does not ask for it.
+    pub internet: Option<String>,
 }
 
 impl Protections {
@@ -73,6 +76,7 @@ impl Protections {
                     cgroups: cgroups.map(Hierarchy::describe),
                     cpu_limits: cgroups.is_some_and(Hierarchy::has_cpu),
                     network: Some(shared_network()),
+                    internet: None,
                 }
             })
             .clone()
@@ -88,6 +92,7 @@ impl Protections {
             cgroups: None,
             cpu_limits: false,
             network: Some(shared_network()),
+            internet: None,
         }
     }
 
@@ -165,6 +170,10 @@ impl Protections {
         if !missing.is_empty() {
             line.push_str("; MISSING: ");
             line.push_str(&missing.join("; "));
+        }
+        if let Some(internet) = &self.internet {
+            line.push_str("; ");
+            line.push_str(internet);
         }
         line
     }
@@ -358,6 +367,7 @@ mod tests {
             cgroups: None,
             cpu_limits: false,
             network: None,
+            internet: None,
         };
         let line = protections.summary();
         assert!(line.contains("MISSING: a host uid per pod"), "{line}");
@@ -367,6 +377,10 @@ mod tests {
         protections.cpu_limits = true;
         assert!(protections.missing().is_empty());
         assert!(!protections.summary().contains("MISSING"));
+        // No internet is said, but is not a missing protection.
+        protections.internet = Some("no internet for pods (no slirp4netns)".to_owned());
+        assert!(protections.missing().is_empty());
+        assert!(protections.summary().contains("no internet for pods"));
         assert_eq!(Protections::none().missing().len(), 2);
     }
 }

@@ -102,6 +102,12 @@ impl NodeCapacity {
     }
 }
 
+/// Where sockets for connections to pod IPs come from when the pods' network is not the
+/// caller's (a kubelet that is not root keeps it in a namespace of its own): the socket is
+/// made there, the connection is made with it here. See [`Kubelet::pod_sockets`].
+pub type PodSockets =
+    Arc<dyn Fn() -> std::io::Result<tokio::net::TcpSocket> + Send + Sync + 'static>;
+
 /// Where pod IPs come from. With `Loopback` and `Local` every pod shares the node's network
 /// namespace and an IP is an address the kernel treats as local, chosen where the pod's ports
 /// are free; with `Bridge` each pod has a network namespace of its own.
@@ -124,8 +130,11 @@ pub enum PodNetwork {
     /// A network namespace per pod with its IP from this range on `eth0`, on a bridge the
     /// kubelet makes (which takes the range's first address), its NetworkPolicies enforced
     /// with nftables inside it, and the `kubernetes` Service ([`KubeletConfig::kubernetes_service`])
-    /// forwarded to `api`. Needs root, `ip`, `nft` and `nsenter`
-    /// ([`PodNetwork::bridge_available`]).
+    /// forwarded to `api`. Needs `ip` and `nft` ([`PodNetwork::bridge_available`]). As root
+    /// the bridge is in the kubelet's network namespace; otherwise in a user and network
+    /// namespace of the kubelet's own, which `slirp4netns` connects to the host's network
+    /// (without its loopback) and which the kubelet's connections to pods go through
+    /// ([`Kubelet::pod_sockets`]).
     Bridge {
         /// The range's first address.
         network: Ipv4Addr,
@@ -320,6 +329,11 @@ impl Context {
         cluster
     }
 
+    /// Where the node's own connections to pods (probes, port-forward) get their sockets.
+    pub(crate) fn pod_sockets(&self) -> Option<PodSockets> {
+        self.bridge.as_ref()?.sockets()
+    }
+
     /// The rules every pod's namespace has apart from its policies.
     pub(crate) fn node_rules(&self) -> Option<crate::netpol::NodeRules> {
         let bridge = self.bridge.as_ref()?;
@@ -404,8 +418,9 @@ impl Kubelet {
             ),
             PodNetwork::Loopback | PodNetwork::Local { .. } => None,
         };
-        if bridge.is_some() {
+        if let Some(bridge) = &bridge {
             protections.network = None;
+            protections.internet = bridge.no_internet().map(str::to_owned);
         }
         let missing = protections.missing();
         if config.isolation == Isolation::Strict && !missing.is_empty() {
@@ -551,11 +566,19 @@ impl Kubelet {
             node: self.ctx.node.clone(),
         })?;
         let ip = IpAddr::V4(ip);
-        let stream = TcpStream::connect((ip, port))
-            .await
-            .map_err(|source| Error::PortForward { port, ip, source })?;
+        let stream =
+            crate::portforward::connect(self.ctx.pod_sockets().as_ref(), SocketAddr::new(ip, port))
+                .await
+                .map_err(|source| Error::PortForward { port, ip, source })?;
         let _ = stream.set_nodelay(true);
         Ok(stream)
+    }
+
+    /// Where sockets for connections to pod IPs come from, when pods are in a network the
+    /// caller's process is not in (bridge networking without root); `None`: connect as usual.
+    /// An in-process router of a kubelet that is not root dials pods with these.
+    pub fn pod_sockets(&self) -> Option<PodSockets> {
+        self.ctx.pod_sockets()
     }
 
     /// Ends the loops and kills every pod process at once, without waiting for the loops to

@@ -1464,7 +1464,15 @@ impl Worker {
     /// One check of `probe` for container `index` (with its environment, for `exec`).
     async fn probe_once(&self, index: usize, probe: &Probe) -> bool {
         let env = self.env_cache.get(index).cloned().unwrap_or_default();
-        probe::check(&probe.action, probe.timeout, &env, &self.paths.app).await
+        let sockets = self.ctx.pod_sockets();
+        probe::check(
+            &probe.action,
+            probe.timeout,
+            &env,
+            &self.paths.app,
+            sockets.as_ref(),
+        )
+        .await
     }
 
     /// Runs the liveness probes that are due; a container that fails `failureThreshold` in a

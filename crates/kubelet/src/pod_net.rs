@@ -1,13 +1,16 @@
-//! A network of each pod's own (as root): a bridge per kubelet in the kubelet's network
-//! namespace with the first address of the pod range, and per pod a network namespace with one
+//! A network of each pod's own: a bridge per kubelet in the node's network namespace (the
+//! kubelet's own as root, else a [`NodeNamespace`] of the kubelet's user) with the first
+//! address of the pod range, and per pod a network namespace with one
 //! end of a veth pair as `eth0` (the pod IP, a default route through the bridge) and the other
 //! end on the bridge. The node forwards and masquerades what pods send elsewhere, forwards the
 //! `kubernetes` Service to the API server ([`Bridge::api_forward`]), and enforces each pod's
 //! NetworkPolicies inside its namespace ([`PodNet::apply`] with [`netpol::ruleset`]).
 //!
-//! The kubelet configures with the tools a node has: `ip` (iproute2), `nft` (nftables) and
-//! `nsenter` (util-linux). A pod's namespace is held by a descriptor of the kubelet's; it goes,
-//! with its veth pair, when the descriptor is closed and the pod's last process has exited.
+//! The kubelet configures with the tools a node has, `ip` (iproute2) and `nft` (nftables), run
+//! in the namespaces they configure ([`run_in`]). A pod's namespace is held by a descriptor of
+//! the kubelet's; it goes, with its veth pair, when the descriptor is closed and the pod's last
+//! process has exited. The kubelet's own connections to pods (probes, port-forward) take their
+//! sockets from [`Bridge::sockets`].
 //!
 //! [`netpol::ruleset`]: crate::netpol::ruleset
 
@@ -15,21 +18,19 @@ use std::io::Write as _;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::{AsRawFd as _, OwnedFd, RawFd};
 use std::process::{Command, Stdio};
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-/// Whether this process can give pods networks of their own: root, with `ip`, `nft` and
-/// `nsenter` that work (checked once). The error says what is missing.
+use crate::node_ns::NodeNamespace;
+
+/// Whether this process can give pods networks of their own: `ip` and `nft` that work, and
+/// root or user namespaces (checked once). The error says what is missing.
 pub(crate) fn available() -> Result<(), String> {
     static FOUND: OnceLock<Result<(), String>> = OnceLock::new();
     FOUND
         .get_or_init(|| {
-            if !crate::confine::is_root() {
-                return Err("a network of their own (needs root)".to_owned());
-            }
             for (tool, args, package) in [
                 ("ip", &["-V"][..], "iproute2"),
                 ("nft", &["--version"][..], "nftables"),
-                ("nsenter", &["--version"][..], "util-linux"),
             ] {
                 let works = Command::new(tool)
                     .args(args)
@@ -43,9 +44,30 @@ pub(crate) fn available() -> Result<(), String> {
                     ));
                 }
             }
-            Ok(())
+            if crate::confine::is_root() {
+                return Ok(());
+            }
+            // Without root: a node namespace of this user's (what `NodeNamespace` makes).
+            NodeNamespace::possible().map_err(|why| format!("a network of their own ({why})"))
         })
         .clone()
+}
+
+/// Runs `program args` (feeding `input` when given) in the user namespace `user` and the
+/// network namespace `net` when given (entered in that order, between fork and exec), keeping
+/// `keep` open for it; returns an error with its output.
+pub(crate) fn run_in(
+    user: Option<RawFd>,
+    net: Option<RawFd>,
+    keep: &[RawFd],
+    program: &str,
+    args: &[&str],
+    input: Option<&str>,
+) -> Result<(), String> {
+    let mut command = Command::new(program);
+    command.args(args);
+    crate::process::enter(&mut command, user, net, keep.to_vec());
+    output(&mut command, program, args, input)
 }
 
 /// The IPv4 routes of this network namespace (destination, prefix length), from
@@ -92,8 +114,16 @@ pub(crate) fn free_range() -> Option<(Ipv4Addr, u8)> {
 
 /// Runs `program args` (feeding `input` when given) and returns an error with its output.
 fn run(program: &str, args: &[&str], input: Option<&str>) -> Result<(), String> {
-    let mut child = Command::new(program)
-        .args(args)
+    output(Command::new(program).args(args), program, args, input)
+}
+
+fn output(
+    command: &mut Command,
+    program: &str,
+    args: &[&str],
+    input: Option<&str>,
+) -> Result<(), String> {
+    let mut child = command
         .stdin(if input.is_some() {
             Stdio::piped()
         } else {
@@ -172,6 +202,8 @@ const FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
 pub(crate) struct Bridge {
     name: String,
     prefix: u8,
+    /// The node namespace the bridge is in (`None`: the kubelet's own, as root).
+    node: Option<Arc<NodeNamespace>>,
     /// The bridge's address: the pods' gateway and the node's address on their network.
     pub(crate) gateway: Ipv4Addr,
     /// Where pods reach the API server (on the gateway) and where that goes.
@@ -188,26 +220,34 @@ impl Bridge {
         api: Option<SocketAddr>,
     ) -> Result<Self, String> {
         available()?;
-        sweep();
+        let node = if crate::confine::is_root() {
+            sweep();
+            None
+        } else {
+            Some(NodeNamespace::shared()?)
+        };
         let size = 1u32 << (32 - u32::from(prefix.clamp(8, 30)));
         let base = u32::from(network) & !(size - 1);
         let network = Ipv4Addr::from(base);
         let gateway = Ipv4Addr::from(base + 1);
-        let name = interface_name("asb");
-        run("ip", &["link", "add", &name, "type", "bridge"], None)?;
-        // Who made it, for [`sweep`] after a kubelet that could not clean up (SIGKILL).
-        let alias = format!("{ALIAS_PREFIX}{}", std::process::id());
-        run("ip", &["link", "set", &name, "alias", &alias], None)?;
         let mut bridge = Self {
-            name,
+            name: interface_name("asb"),
             prefix,
+            node,
             gateway,
             api: None,
         };
+        bridge.run("ip", &["link", "add", &bridge.name, "type", "bridge"], None)?;
+        // Who made it, for [`sweep`] after a kubelet that could not clean up (SIGKILL).
+        let alias = format!("{ALIAS_PREFIX}{}", std::process::id());
+        bridge.run("ip", &["link", "set", &bridge.name, "alias", &alias], None)?;
         let cidr = format!("{gateway}/{prefix}");
-        run("ip", &["addr", "add", &cidr, "dev", &bridge.name], None)?;
-        run("ip", &["link", "set", &bridge.name, "up"], None)?;
-        {
+        bridge.run("ip", &["addr", "add", &cidr, "dev", &bridge.name], None)?;
+        bridge.run("ip", &["link", "set", &bridge.name, "up"], None)?;
+        if bridge.node.is_some() {
+            // The node namespace is the kubelet's alone: nothing to restore.
+            bridge.run("sh", &["-c", &format!("echo 1 > {FORWARD}")], None)?;
+        } else {
             let mut forwarding = FORWARDING.lock().unwrap_or_else(PoisonError::into_inner);
             if forwarding.0 == 0 {
                 forwarding.1 = std::fs::read_to_string(FORWARD).ok();
@@ -222,14 +262,46 @@ impl Bridge {
              masquerade\n  }}\n}}\n",
             name = bridge.name
         );
-        run("nft", &["-f", "-"], Some(&table))?;
+        bridge.run("nft", &["-f", "-"], Some(&table))?;
         if let Some(upstream) = api {
-            let listener = std::net::TcpListener::bind(SocketAddrV4::new(gateway, 0))
+            let address = SocketAddrV4::new(gateway, 0);
+            let listener = match &bridge.node {
+                Some(node) => node.listen(address),
+                None => std::net::TcpListener::bind(address),
+            };
+            let listener = listener
                 .and_then(|listener| listener.set_nonblocking(true).map(|()| listener))
                 .map_err(|error| format!("listening on {gateway} for the API server: {error}"))?;
             bridge.api = Some((listener, upstream));
         }
         Ok(bridge)
+    }
+
+    /// Runs a tool in the bridge's network namespace.
+    fn run(&self, program: &str, args: &[&str], input: Option<&str>) -> Result<(), String> {
+        match &self.node {
+            Some(node) => run_in(
+                Some(node.user_fd()),
+                Some(node.net_fd()),
+                &[],
+                program,
+                args,
+                input,
+            ),
+            None => run(program, args, input),
+        }
+    }
+
+    /// Where the node's sockets for connections to pods come from, when not the kubelet's
+    /// own namespace.
+    pub(crate) fn sockets(&self) -> Option<crate::PodSockets> {
+        let node = self.node.clone()?;
+        Some(Arc::new(move || node.tcp_socket()))
+    }
+
+    /// Why pods have no internet (a node namespace without `slirp4netns`).
+    pub(crate) fn no_internet(&self) -> Option<&str> {
+        self.node.as_ref()?.internet.as_deref()
     }
 
     /// Where pods' connections to the `kubernetes` Service go (the gateway's listener).
@@ -264,8 +336,11 @@ impl Bridge {
 
 impl Drop for Bridge {
     fn drop(&mut self) {
-        let _ = run("ip", &["link", "del", &self.name], None);
-        let _ = run("nft", &["delete", "table", "ip", &self.name], None);
+        let _ = self.run("ip", &["link", "del", &self.name], None);
+        let _ = self.run("nft", &["delete", "table", "ip", &self.name], None);
+        if self.node.is_some() {
+            return;
+        }
         let mut forwarding = FORWARDING.lock().unwrap_or_else(PoisonError::into_inner);
         forwarding.0 = forwarding.0.saturating_sub(1);
         if forwarding.0 == 0
@@ -298,6 +373,8 @@ fn new_namespace() -> Result<OwnedFd, String> {
 pub(crate) struct PodNet {
     namespace: OwnedFd,
     host_interface: String,
+    /// The node namespace the pod's namespace is below (`None`: the kubelet's own).
+    node: Option<Arc<NodeNamespace>>,
     /// The ruleset last applied.
     applied: Mutex<Option<String>>,
 }
@@ -306,15 +383,29 @@ impl PodNet {
     /// Makes the pod's namespace with `ip` on `eth0`, on `bridge`, with `rules` applied before
     /// anything runs there.
     pub(crate) fn create(bridge: &Bridge, ip: Ipv4Addr, rules: &str) -> Result<Self, String> {
-        let namespace = new_namespace()?;
+        let namespace = match &bridge.node {
+            Some(node) => node
+                .new_namespace()
+                .map_err(|error| format!("cannot make a network namespace: {error}"))?,
+            None => new_namespace()?,
+        };
         let net = Self {
             namespace,
             host_interface: interface_name("asv"),
+            node: bridge.node.clone(),
             applied: Mutex::new(None),
         };
-        let path = net.path();
         let pod_interface = interface_name("asp");
-        run(
+        // `ip` gets the pod's namespace as a descriptor of its own.
+        let path = format!("/proc/self/fd/{}", net.fd());
+        let (user, node_net) = match &net.node {
+            Some(node) => (Some(node.user_fd()), Some(node.net_fd())),
+            None => (None, None),
+        };
+        run_in(
+            user,
+            node_net,
+            &[net.fd()],
             "ip",
             &[
                 "link",
@@ -330,7 +421,7 @@ impl PodNet {
             ],
             None,
         )?;
-        run(
+        bridge.run(
             "ip",
             &[
                 "link",
@@ -357,26 +448,24 @@ impl PodNet {
             prefix = bridge.prefix,
             gateway = bridge.gateway,
         );
-        run(
-            "nsenter",
-            &[&format!("--net={path}"), "sh", "-c", &script],
-            None,
-        )?;
+        net.run("sh", &["-c", &script], None)?;
         Ok(net)
     }
 
-    /// The namespace as a path other processes can open.
-    fn path(&self) -> String {
-        format!(
-            "/proc/{}/fd/{}",
-            std::process::id(),
-            self.namespace.as_raw_fd()
-        )
+    /// Runs a tool in the pod's network namespace.
+    fn run(&self, program: &str, args: &[&str], input: Option<&str>) -> Result<(), String> {
+        run_in(self.user_fd(), Some(self.fd()), &[], program, args, input)
     }
 
     /// The descriptor a container's process enters (`setns`) before it starts.
     pub(crate) fn fd(&self) -> RawFd {
         self.namespace.as_raw_fd()
+    }
+
+    /// The user namespace a container's process enters first (`setns`), when the pod's network
+    /// is below a node namespace.
+    pub(crate) fn user_fd(&self) -> Option<RawFd> {
+        self.node.as_ref().map(|node| node.user_fd())
     }
 
     /// Applies `rules` (an nftables script) in the pod's namespace, unless they are what was
@@ -386,11 +475,7 @@ impl PodNet {
         if applied.as_deref() == Some(rules) {
             return Ok(());
         }
-        run(
-            "nsenter",
-            &[&format!("--net={}", self.path()), "nft", "-f", "-"],
-            Some(rules),
-        )?;
+        self.run("nft", &["-f", "-"], Some(rules))?;
         *applied = Some(rules.to_owned());
         Ok(())
     }
@@ -399,6 +484,17 @@ impl PodNet {
 impl Drop for PodNet {
     fn drop(&mut self) {
         // Deleting one end deletes the pair; the namespace goes with its last holder.
-        let _ = run("ip", &["link", "del", &self.host_interface], None);
+        let args = ["link", "del", self.host_interface.as_str()];
+        let _ = match &self.node {
+            Some(node) => run_in(
+                Some(node.user_fd()),
+                Some(node.net_fd()),
+                &[],
+                "ip",
+                &args,
+                None,
+            ),
+            None => run("ip", &args, None),
+        };
     }
 }

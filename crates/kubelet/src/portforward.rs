@@ -88,8 +88,25 @@ fn request_id(stream: &Stream, is_data: bool) -> String {
     }
 }
 
-/// Serves port-forward streams on an upgraded connection until the client closes it.
-pub async fn serve_spdy<IO>(io: IO, pod_ip: IpAddr) -> Result<(), SessionError>
+/// A connection to `addr` (a pod's), with a socket from `sockets` when the pods' network is
+/// not this process's ([`crate::Kubelet::pod_sockets`]).
+pub async fn connect(
+    sockets: Option<&crate::PodSockets>,
+    addr: SocketAddr,
+) -> std::io::Result<TcpStream> {
+    match sockets {
+        Some(make) => make()?.connect(addr).await,
+        None => TcpStream::connect(addr).await,
+    }
+}
+
+/// Serves port-forward streams on an upgraded connection until the client closes it,
+/// connecting to the pod with sockets from `sockets` when given (see [`connect`]).
+pub async fn serve_spdy<IO>(
+    io: IO,
+    pod_ip: IpAddr,
+    sockets: Option<crate::PodSockets>,
+) -> Result<(), SessionError>
 where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
 {
@@ -123,7 +140,7 @@ where
                     && pair.error.is_some()
                     && let Some(Pair { data: Some(data), error: Some(error) }) = pending.remove(&id)
                 {
-                    forwards.spawn(forward(data, error, pod_ip));
+                    forwards.spawn(forward(data, error, pod_ip, sockets.clone()));
                 }
             }
             Some(_) = forwards.join_next(), if !forwards.is_empty() => {}
@@ -135,7 +152,12 @@ where
 }
 
 /// Relays one data stream to `pod_ip:port`; a failure goes to the error stream.
-async fn forward(mut data: Stream, error: Stream, pod_ip: IpAddr) {
+async fn forward(
+    mut data: Stream,
+    error: Stream,
+    pod_ip: IpAddr,
+    sockets: Option<crate::PodSockets>,
+) {
     let port = data
         .header(header::PORT)
         .and_then(|p| p.parse::<u16>().ok())
@@ -151,7 +173,7 @@ async fn forward(mut data: Stream, error: Stream, pod_ip: IpAddr) {
         return;
     };
     let target = SocketAddr::new(pod_ip, port);
-    let connection = match TcpStream::connect(target).await {
+    let connection = match connect(sockets.as_ref(), target).await {
         Ok(connection) => connection,
         Err(cause) => {
             let message = format!(
@@ -362,7 +384,7 @@ mod tests {
 
     fn start(pod_ip: IpAddr) -> (Client, tokio::task::JoinHandle<Result<(), SessionError>>) {
         let (client, server) = tokio::io::duplex(64 << 10);
-        let session = tokio::spawn(serve_spdy(server, pod_ip));
+        let session = tokio::spawn(serve_spdy(server, pod_ip, None));
         let client = Client {
             io: client,
             encoder: Encoder::new().unwrap(),

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 use crate::images::DefaultReadiness;
 
@@ -156,8 +155,13 @@ fn parse(probe: &Value, container: &Value, pod_ip: IpAddr) -> Option<Probe> {
     })
 }
 
-async fn http_get(addr: SocketAddr, path: &str, host: &str) -> std::io::Result<bool> {
-    let mut stream = TcpStream::connect(addr).await?;
+async fn http_get(
+    addr: SocketAddr,
+    path: &str,
+    host: &str,
+    sockets: Option<&crate::PodSockets>,
+) -> std::io::Result<bool> {
+    let mut stream = crate::portforward::connect(sockets, addr).await?;
     let request = format!(
         "GET {path} HTTP/1.1\r\nHost: {host}:{}\r\nUser-Agent: kube-probe/sim\r\nAccept: */*\r\nConnection: close\r\n\r\n",
         addr.port()
@@ -181,19 +185,21 @@ async fn http_get(addr: SocketAddr, path: &str, host: &str) -> std::io::Result<b
     Ok((200..400).contains(&code))
 }
 
-/// Runs one check; a timeout or an error is a failure.
+/// Runs one check (connecting with sockets from `sockets` when given); a timeout or an error
+/// is a failure.
 pub(crate) async fn check(
     action: &ProbeAction,
     timeout: Duration,
     env: &std::collections::BTreeMap<String, String>,
     dir: &std::path::Path,
+    sockets: Option<&crate::PodSockets>,
 ) -> bool {
     let attempt = async {
         match action {
             ProbeAction::Http { addr, path, host } => {
-                http_get(*addr, path, host).await.unwrap_or(false)
+                http_get(*addr, path, host, sockets).await.unwrap_or(false)
             }
-            ProbeAction::Tcp { addr } => TcpStream::connect(addr).await.is_ok(),
+            ProbeAction::Tcp { addr } => crate::portforward::connect(sockets, *addr).await.is_ok(),
             ProbeAction::Exec { argv } => {
                 let Some((program, args)) = argv.split_first() else {
                     return false;
@@ -288,13 +294,14 @@ mod tests {
             path: "/".into(),
             host: "127.0.0.1".into(),
         };
-        assert!(check(&http, Duration::from_secs(5), &env, &dir).await);
+        assert!(check(&http, Duration::from_secs(5), &env, &dir, None).await);
         assert!(
             check(
                 &ProbeAction::Tcp { addr },
                 Duration::from_secs(5),
                 &env,
-                &dir
+                &dir,
+                None
             )
             .await
         );
@@ -308,7 +315,8 @@ mod tests {
                 &ProbeAction::Tcp { addr: closed_addr },
                 Duration::from_secs(5),
                 &env,
-                &dir
+                &dir,
+                None
             )
             .await
         );
@@ -317,6 +325,6 @@ mod tests {
         };
         let mut path_env = env.clone();
         path_env.insert("PATH".into(), std::env::var("PATH").unwrap_or_default());
-        assert!(!check(&exec, Duration::from_secs(5), &path_env, &dir).await);
+        assert!(!check(&exec, Duration::from_secs(5), &path_env, &dir, None).await);
     }
 }

@@ -507,7 +507,10 @@ pub(crate) fn bwrap_args(
 /// the descriptors it is given across exec, join its control group, lower its limits.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct ChildSetup {
-    /// A network namespace to enter first (while still root).
+    /// A user namespace to enter first: the node namespace's, whose user is this process's
+    /// (a kubelet that is not root).
+    pub(crate) userns: Option<RawFd>,
+    /// A network namespace to enter next (while still root, or in `userns`).
     pub(crate) netns: Option<RawFd>,
     /// Descriptors to keep open across exec (their close-on-exec flag cleared in the child).
     pub(crate) keep: Vec<RawFd>,
@@ -525,6 +528,15 @@ impl ChildSetup {
     #[allow(unsafe_code)]
     fn run(&self) -> std::io::Result<()> {
         use rustix::process::{Resource, Rlimit, setrlimit};
+        if let Some(fd) = self.userns {
+            // SAFETY: the node namespace's descriptor is open in the parent (the kubelet holds
+            // it for as long as it has pods) and therefore in the forked child.
+            let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+            rustix::thread::move_into_link_name_space(
+                fd,
+                Some(rustix::thread::LinkNameSpaceType::User),
+            )?;
+        }
         if let Some(fd) = self.netns {
             // SAFETY: the pod's namespace descriptor is open in the parent (the spawning
             // function holds the pod's network) and therefore in the forked child.
@@ -573,12 +585,25 @@ impl ChildSetup {
 
 /// Makes `command`'s child keep `fds` across exec (and nothing else of this process's).
 pub(crate) fn inherit(command: &mut std::process::Command, fds: Vec<RawFd>) {
+    enter(command, None, None, fds);
+}
+
+/// Makes `command`'s child enter the user namespace `userns` and the network namespace `netns`
+/// (when given, in that order) and keep `fds` across exec.
+pub(crate) fn enter(
+    command: &mut std::process::Command,
+    userns: Option<RawFd>,
+    netns: Option<RawFd>,
+    fds: Vec<RawFd>,
+) {
     let setup = ChildSetup {
+        userns,
+        netns,
         keep: fds,
         ..ChildSetup::default()
     };
     #[allow(unsafe_code)]
-    // SAFETY: `ChildSetup::run` makes only async-signal-safe system calls (fcntl, write,
+    // SAFETY: `ChildSetup::run` makes only async-signal-safe system calls (setns, fcntl, write,
     // setrlimit) and allocates nothing, as code between fork and exec must.
     unsafe {
         std::os::unix::process::CommandExt::pre_exec(command, move || setup.run());
@@ -900,6 +925,7 @@ pub(crate) fn spawn(
             .stdin(Stdio::null())
             .kill_on_drop(true);
         let setup = ChildSetup {
+            userns: spec.net.as_ref().and_then(|net| net.user_fd()),
             netns: spec.net.as_ref().map(|net| net.fd()),
             host_id: spec.identity.host_id,
             keep: open.fds.iter().map(AsRawFd::as_raw_fd).collect(),
@@ -913,7 +939,7 @@ pub(crate) fn spawn(
                 .flatten(),
         };
         #[allow(unsafe_code)]
-        // SAFETY: `ChildSetup::run` makes only async-signal-safe system calls (fcntl, write,
+        // SAFETY: `ChildSetup::run` makes only async-signal-safe system calls (setns, fcntl, write,
         // setrlimit) and allocates nothing, as code between fork and exec must.
         unsafe {
             command.pre_exec(move || setup.run());

@@ -315,6 +315,7 @@ fn port_forward(
         );
     };
     let ip = std::net::IpAddr::V4(ip);
+    let sockets = ctx.pod_sockets();
     let upgrade = hyper::upgrade::on(&mut request);
     let name = format!("{namespace}/{pod}");
     let mut response = Response::new(Full::new(Bytes::new()).boxed_unsync());
@@ -348,10 +349,14 @@ fn port_forward(
                         None,
                     )
                     .await;
+                    let sockets = &sockets;
                     portforward::serve_websocket(socket, &ports, |port| async move {
-                        let stream = tokio::net::TcpStream::connect((ip, port))
-                            .await
-                            .map_err(|source| Error::PortForward { port, ip, source })?;
+                        let stream = portforward::connect(
+                            sockets.as_ref(),
+                            std::net::SocketAddr::new(ip, port),
+                        )
+                        .await
+                        .map_err(|source| Error::PortForward { port, ip, source })?;
                         let _ = stream.set_nodelay(true);
                         Ok(stream)
                     })
@@ -369,7 +374,9 @@ fn port_forward(
         tokio::spawn(async move {
             match upgrade.await {
                 Ok(upgraded) => {
-                    if let Err(error) = portforward::serve_spdy(TokioIo::new(upgraded), ip).await {
+                    if let Err(error) =
+                        portforward::serve_spdy(TokioIo::new(upgraded), ip, sockets).await
+                    {
                         tracing::debug!(pod = %name, %error, "port-forward session ended");
                     }
                 }

@@ -5,8 +5,10 @@
 //!
 //! Each test runs in a network namespace it makes (it runs itself again under `unshare --net`):
 //! the kubelet's bridge, its addresses and the "internet" namespace never touch the machine's
-//! own network. Needs root, bubblewrap, `ip`, `nft` and `nsenter`; without them the tests say
-//! so and skip (and fail under `CI=true`).
+//! own network. Needs root, bubblewrap, `ip`, `nft` and `unshare`; without them the tests say
+//! so and skip (and fail under `CI=true`). The last test then drops root (`setpriv`) to run a
+//! kubelet that is not root, whose pods' networks live in a namespace of its own, with
+//! `slirp4netns` for their internet.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::process::Stdio;
@@ -51,6 +53,68 @@ fn in_own_network(name: &str) -> bool {
         "{name} in its own network namespace:\n{text}"
     );
     assert!(text.contains("1 passed"), "{text}");
+    false
+}
+
+/// Set in the child run as an unprivileged user.
+const NOT_ROOT: &str = "AGENT_SANDBOX_TEST_NOT_ROOT";
+/// The user that child runs as (`nobody` on Debian).
+const UNPRIVILEGED: &str = "65534";
+
+/// Runs test `name` again, in a network and mount namespace of its own whose `/dev/net/tun` any
+/// user may open (as on most distributions; a private node, so the machine's stays as it is),
+/// with an internet of its own, as uid and gid [`UNPRIVILEGED`] without capabilities; says
+/// whether to go on here (`true` in that last child).
+fn as_user_not_root(name: &str) -> bool {
+    if std::env::var_os(NOT_ROOT).is_some() {
+        return true;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let run = |command: &mut std::process::Command, what: &str| {
+        let output = command
+            .args([name, "--exact", "--nocapture", "--test-threads=1"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(output.status.success(), "{name} {what}:\n{text}");
+        assert!(text.contains("1 passed"), "{text}");
+    };
+    if std::env::var_os(INSIDE).is_none() {
+        if missing(Tool::PodNetworks) || missing(Tool::Slirp4netns) {
+            return false;
+        }
+        let script = "ip link set lo up && mount -t tmpfs -o mode=0755 tmpfs /dev/net && \
+                      mknod -m 0666 /dev/net/tun c 10 200 && exec \"$0\" \"$@\"";
+        run(
+            std::process::Command::new("unshare")
+                .args(["--net", "--mount", "--", "sh", "-c", script])
+                .arg(&exe)
+                .env(INSIDE, "1"),
+            "in its own network namespace",
+        );
+        return false;
+    }
+    let _internet = Internet::start().unwrap();
+    run(
+        std::process::Command::new("setpriv")
+            .args([
+                &format!("--reuid={UNPRIVILEGED}"),
+                &format!("--regid={UNPRIVILEGED}"),
+                "--clear-groups",
+                "--inh-caps=-all",
+                "--",
+            ])
+            .arg(&exe)
+            .env(NOT_ROOT, "1")
+            .env("HOME", "/tmp")
+            .env_remove("TMPDIR"),
+        "as a user that is not root",
+    );
     false
 }
 
@@ -350,4 +414,129 @@ fn a_sandbox_reaches_the_internet_but_not_the_api_server_or_the_hosts_services()
         sim.stop().await;
     });
     drop((loopback, everywhere));
+}
+
+#[test]
+fn without_root_pods_get_networks_of_their_own_in_a_namespace_of_the_kubelets() {
+    if !as_user_not_root(
+        "without_root_pods_get_networks_of_their_own_in_a_namespace_of_the_kubelets",
+    ) {
+        return;
+    }
+    let uid = std::fs::read_to_string("/proc/self/status").unwrap();
+    assert!(
+        uid.lines()
+            .any(|l| l.starts_with("Uid:") && l.contains(UNPRIVILEGED)),
+        "{uid}"
+    );
+    let interfaces = || -> Vec<String> {
+        std::fs::read_dir("/sys/class/net")
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+            .collect()
+    };
+    let before = interfaces();
+    // A service of the host's on its loopback.
+    let loopback = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let loopback_port = loopback.local_addr().unwrap().port();
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let sim = sim().await;
+        let protections = sim.protections().clone();
+        assert_eq!(protections.network, None, "{}", protections.summary());
+        assert_eq!(protections.internet, None, "{}", protections.summary());
+        assert!(!protections.host_ids);
+        let client = sim.client().unwrap();
+        namespace(&client, "agent-sandbox-system").await;
+        apply_policy(&client, template_policy()).await;
+        let pods: Api<Pod> = Api::default_namespaced(client.clone());
+        // Ready: the kubelet's probe reached it through the node namespace.
+        let sandbox = create(
+            &pods,
+            server("default", "sandbox", json!({"sandbox": "yes"})),
+        )
+        .await;
+        let sandbox_ip = ip(&sandbox);
+        let router = json!({"app": "sandbox-router"});
+        assert_eq!(
+            probe_until(
+                &client,
+                "agent-sandbox-system",
+                router.clone(),
+                &sandbox_ip,
+                8888,
+                "open"
+            )
+            .await,
+            "open"
+        );
+        assert_eq!(
+            probe(&client, "default", json!({}), &sandbox_ip, 8888).await,
+            "timeout"
+        );
+        let sandboxed = json!({"sandbox": "yes"});
+        let api = agent_sandbox_sim::KUBERNETES_SERVICE_IP.to_string();
+        assert_eq!(
+            probe(&client, "default", sandboxed.clone(), INTERNET, 80).await,
+            "open"
+        );
+        assert_eq!(
+            probe(&client, "default", sandboxed.clone(), &api, 443).await,
+            "timeout"
+        );
+        // The host's loopback: not the pod's own, and not through slirp4netns's alias for it
+        // (10.0.2.2), even for a pod no policy selects.
+        assert_eq!(
+            probe(
+                &client,
+                "default",
+                sandboxed.clone(),
+                "127.0.0.1",
+                loopback_port
+            )
+            .await,
+            "refused"
+        );
+        assert_ne!(
+            probe(&client, "default", json!({}), "10.0.2.2", loopback_port).await,
+            "open"
+        );
+        // A pod no policy selects reaches the API server through its Service.
+        assert_eq!(
+            probe(&client, "default", json!({}), &api, 443).await,
+            "open"
+        );
+        // The host's network is untouched: no bridge here, no route to pods; the kubelet's
+        // sockets reach them.
+        assert_eq!(interfaces(), before);
+        let addr: std::net::SocketAddr = format!("{sandbox_ip}:8888").parse().unwrap();
+        assert!(
+            tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(addr))
+                .await
+                .map_or(true, |connected| connected.is_err())
+        );
+        let sockets = sim
+            .pod_sockets()
+            .expect("pods are in the kubelet's namespace");
+        assert!(sockets().unwrap().connect(addr).await.is_ok());
+        drop(sockets);
+        sim.stop().await;
+    });
+    // slirp4netns and the helper end with the kubelet.
+    let children = || -> Vec<String> {
+        let me = std::process::id().to_string();
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|entry| {
+                let stat = std::fs::read_to_string(entry.ok()?.path().join("stat")).ok()?;
+                let after = stat.rsplit_once(") ")?.1;
+                (after.split_whitespace().nth(1)? == me).then_some(stat)
+            })
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while !children().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "{:?}", children());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(loopback);
 }

@@ -60,9 +60,12 @@ impl RouterTasks {
         port: u16,
         auth: RouterAuth,
         secret: Option<&str>,
+        pod_sockets: Option<agent_sandbox_sim::PodSockets>,
     ) -> Result<Self> {
         let mut config =
             agent_sandbox_router::Config::new(SocketAddr::from(([127, 0, 0, 1], port)));
+        // Pods in the kubelet's own network namespace (not root) are dialled through it.
+        config.pod_sockets = pod_sockets.map(agent_sandbox_router::PodSockets);
         config.auth = match (auth, secret) {
             (RouterAuth::Token, Some(token)) => Auth::Token(Secret::new(token)),
             (RouterAuth::Scoped, Some(key)) => Auth::Scoped(vec![Secret::new(key)]),
@@ -230,6 +233,7 @@ impl LocalCluster {
                     config.router_port,
                     config.router_auth,
                     secret.as_deref(),
+                    cluster.sim.pod_sockets(),
                 )
                 .await?,
             );

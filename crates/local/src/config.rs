@@ -54,7 +54,7 @@ impl RouterAuth {
 /// Whether a local cluster's pods get networks of their own.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum PodNetworks {
-    /// Their own where this machine allows it (root with `ip`, `nft` and `nsenter`, and
+    /// Their own where this machine allows it (`ip`, `nft`, root or user namespaces, and
     /// bubblewrap isolation), else the host's (said at start-up).
     Auto,
     /// Their own, or refuse to start.

@@ -66,6 +66,22 @@ pub struct Config {
     pub access_log: bool,
     /// How long an idle pooled connection to a pod is kept.
     pub pool_idle_timeout: Duration,
+    /// Where sockets for connections to pods come from, when pods live in a network namespace
+    /// this process is not in (an embedded router of a local cluster whose kubelet is not
+    /// root); `None`: ordinary sockets.
+    pub pod_sockets: Option<PodSockets>,
+}
+
+/// A maker of sockets for connections to pods ([`Config::pod_sockets`]).
+#[derive(Clone)]
+pub struct PodSockets(
+    pub std::sync::Arc<dyn Fn() -> std::io::Result<tokio::net::TcpSocket> + Send + Sync>,
+);
+
+impl std::fmt::Debug for PodSockets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PodSockets(..)")
+    }
 }
 
 /// Defaults, shared by [`Config::new`] and [`Args`].
@@ -107,6 +123,7 @@ impl Config {
             namespace: None,
             access_log: true,
             pool_idle_timeout: secs(defaults::POOL_IDLE_SECONDS),
+            pod_sockets: None,
         }
     }
 }
@@ -676,6 +693,7 @@ impl Args {
                 namespace,
                 access_log: self.access_log,
                 pool_idle_timeout: self.pool_idle_timeout,
+                pod_sockets: None,
             },
             kubeconfig: self.go.kubeconfig,
             warnings,

@@ -17,6 +17,7 @@ use http::Uri;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
+use crate::config::PodSockets;
 use crate::metrics::Metrics;
 
 /// First backoff between connect attempts; doubled each time up to [`MAX_BACKOFF`].
@@ -29,14 +30,21 @@ pub(crate) struct Connector {
     timeout: Duration,
     retries: u32,
     metrics: Arc<Metrics>,
+    sockets: Option<PodSockets>,
 }
 
 impl Connector {
-    pub(crate) fn new(timeout: Duration, retries: u32, metrics: Arc<Metrics>) -> Self {
+    pub(crate) fn new(
+        timeout: Duration,
+        retries: u32,
+        metrics: Arc<Metrics>,
+        sockets: Option<PodSockets>,
+    ) -> Self {
         Self {
             timeout,
             retries,
             metrics,
+            sockets,
         }
     }
 }
@@ -59,15 +67,23 @@ fn address(uri: &Uri) -> io::Result<SocketAddr> {
     Ok(SocketAddr::new(ip, port))
 }
 
-async fn connect_once(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
-    let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
-        .await
-        .map_err(|_| {
-            io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!("connect to {addr} timed out after {timeout:?}"),
-            )
-        })??;
+async fn connect_once(
+    addr: SocketAddr,
+    timeout: Duration,
+    sockets: Option<&PodSockets>,
+) -> io::Result<TcpStream> {
+    let connect = async {
+        match sockets {
+            Some(PodSockets(make)) => make()?.connect(addr).await,
+            None => TcpStream::connect(addr).await,
+        }
+    };
+    let stream = tokio::time::timeout(timeout, connect).await.map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("connect to {addr} timed out after {timeout:?}"),
+        )
+    })??;
     // Small request and response heads must not wait for Nagle.
     stream.set_nodelay(true)?;
     Ok(stream)
@@ -89,7 +105,7 @@ impl tower_service::Service<Uri> for Connector {
             let mut backoff = FIRST_BACKOFF;
             let mut attempt = 0;
             loop {
-                match connect_once(addr, this.timeout).await {
+                match connect_once(addr, this.timeout, this.sockets.as_ref()).await {
                     Ok(stream) => return Ok(TokioIo::new(stream)),
                     Err(error) if attempt < this.retries => {
                         tracing::debug!(%addr, attempt, %error, "connect failed; retrying");

@@ -36,7 +36,7 @@ use std::future::Future;
 
 pub use config::{
     Args, Auth, AuthMode, Config, GoAuthzMode, GoFlags, IgnoredGoFlags, MIN_STATIC_TOKEN_BYTES,
-    Resolved, Secret, defaults, is_truthy, read_signing_key, read_static_token,
+    PodSockets, Resolved, Secret, defaults, is_truthy, read_signing_key, read_static_token,
     read_verification_keys,
 };
 pub use error::{Error, Result};

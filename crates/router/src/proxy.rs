@@ -70,6 +70,7 @@ impl Proxy {
             config.connect_timeout,
             config.connect_retries,
             Arc::clone(&metrics),
+            config.pod_sockets.clone(),
         );
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(config.pool_idle_timeout)

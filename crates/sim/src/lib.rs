@@ -55,8 +55,8 @@ use tokio::task::JoinSet;
 
 // The kubelet's configuration types, where the sim's users have always found them.
 pub use agent_sandbox_kubelet::{
-    DefaultReadiness, ImageEntry, ImageTable, Isolation, PodNetwork, Program, Protections,
-    bwrap_available, runtime_entry,
+    DefaultReadiness, ImageEntry, ImageTable, Isolation, PodNetwork, PodSockets, Program,
+    Protections, bwrap_available, runtime_entry,
 };
 pub use api_error::ApiError;
 pub use error::{Error, Result};
@@ -95,9 +95,10 @@ pub struct SimConfig {
     pub fast_probe_interval: Duration,
     /// Each pod in a network namespace of its own on a bridge of the node (a free /20 of
     /// 10.200.0.0/13), its NetworkPolicies enforced, the `kubernetes` Service (10.96.0.1:443)
-    /// forwarded to this API server: needs root, bubblewrap isolation, `ip`, `nft` and
-    /// `nsenter` (starting fails otherwise). Off by default: pods then share the host's network
-    /// with loopback pod IPs.
+    /// forwarded to this API server: needs bubblewrap isolation, `ip`, `nft`, and root or user
+    /// namespaces (without root the bridge is in a network namespace of the kubelet's own,
+    /// [`Sim::pod_sockets`]; starting fails otherwise). Off by default: pods then share the
+    /// host's network with loopback pod IPs.
     pub own_pod_networks: bool,
 }
 
@@ -140,7 +141,7 @@ impl Default for SimConfig {
 }
 
 impl SimConfig {
-    /// Gives each pod a network namespace of its own (as root, with bubblewrap isolation):
+    /// Gives each pod a network namespace of its own (with bubblewrap isolation):
     /// see the field of that name.
     pub fn own_pod_networks(mut self, own: bool) -> Self {
         self.own_pod_networks = own;
@@ -480,6 +481,12 @@ impl Sim {
     /// What pods are confined by on this machine (and what they lack).
     pub fn protections(&self) -> &Protections {
         self.kubelet.protections()
+    }
+
+    /// Where sockets for connections to pod IPs come from when pods are in a network this
+    /// process is not in (own pod networks without root); `None`: connect as usual.
+    pub fn pod_sockets(&self) -> Option<PodSockets> {
+        self.kubelet.pod_sockets()
     }
 
     /// The isolation pods actually get (`Auto` resolved).

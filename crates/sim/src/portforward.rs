@@ -170,6 +170,7 @@ fn serve_tunnel(
     upgrade: hyper::upgrade::OnUpgrade,
 ) -> ApiResult<Response> {
     let pod_ip = pod_ip(name, pod)?;
+    let sockets = state.kubelet.pod_sockets();
     let response = Response::builder()
         .status(StatusCode::SWITCHING_PROTOCOLS)
         .header(header::CONNECTION, "Upgrade")
@@ -185,7 +186,7 @@ fn serve_tunnel(
                 let socket =
                     WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, None)
                         .await;
-                tunnel(socket, pod_ip, &pod_name).await;
+                tunnel(socket, pod_ip, sockets, &pod_name).await;
             }
             Err(error) => tracing::debug!(pod = %pod_name, %error, "port-forward upgrade failed"),
         }
@@ -196,8 +197,12 @@ fn serve_tunnel(
 /// Runs a SPDY port-forward session over `socket`: binary messages in are the session's input,
 /// its output goes out as binary messages, and either side's end ends both (a normal close
 /// frame towards the client, end of input towards the session).
-async fn tunnel<S>(socket: WebSocketStream<S>, pod_ip: IpAddr, pod_name: &str)
-where
+async fn tunnel<S>(
+    socket: WebSocketStream<S>,
+    pod_ip: IpAddr,
+    sockets: Option<agent_sandbox_kubelet::PodSockets>,
+    pod_name: &str,
+) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     use futures::{SinkExt as _, StreamExt as _};
@@ -245,7 +250,7 @@ where
         let _ = sink.close().await;
     };
     let session = async move {
-        if let Err(error) = portforward::serve_spdy(session_io, pod_ip).await {
+        if let Err(error) = portforward::serve_spdy(session_io, pod_ip, sockets).await {
             tracing::debug!(pod = %pod_name, %error, "port-forward session ended");
         }
     };
@@ -261,6 +266,7 @@ fn serve_spdy(
     upgrade: hyper::upgrade::OnUpgrade,
 ) -> ApiResult<Response> {
     let pod_ip = pod_ip(name, pod)?;
+    let sockets = state.kubelet.pod_sockets();
     let response = Response::builder()
         .status(StatusCode::SWITCHING_PROTOCOLS)
         .header(header::CONNECTION, "Upgrade")
@@ -275,7 +281,9 @@ fn serve_spdy(
     state.spawn(async move {
         match upgrade.await {
             Ok(upgraded) => {
-                if let Err(error) = portforward::serve_spdy(TokioIo::new(upgraded), pod_ip).await {
+                if let Err(error) =
+                    portforward::serve_spdy(TokioIo::new(upgraded), pod_ip, sockets).await
+                {
                     tracing::debug!(pod = %pod_name, %error, "port-forward session ended");
                 }
             }

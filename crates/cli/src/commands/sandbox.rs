@@ -298,6 +298,9 @@ pub async fn run_local(global: &ConnectArgs, args: RunArgs) -> Result<i32> {
             missing.join("; ")
         );
     }
+    if let Some(internet) = &local.protections().internet {
+        eprintln!("sandboxctl: warning: {internet}");
+    }
     let mut global = global.clone();
     global.router_url = local.router_url().map(str::to_owned);
     global.router_token = local.router_token();

@@ -23,8 +23,12 @@ pub enum Tool {
     /// The Kubernetes control plane (`kube-apiserver`, `kube-controller-manager`,
     /// `kube-scheduler`, `etcd`, next to each other on `PATH`), as `cargo xtask tools` builds it.
     ControlPlane,
-    /// Pod networks of their own: root, bubblewrap, `ip`, `nft` (nftables) and `nsenter`.
+    /// Pod networks of their own made by a test as root: root, bubblewrap, `ip`, `nft`
+    /// (nftables) and `unshare` (the test makes a network namespace of its own for them).
     PodNetworks,
+    /// `slirp4netns` (a kubelet that is not root gives its pods the host's network with it)
+    /// and `setpriv` (util-linux), for a test that drops root to try that.
+    Slirp4netns,
 }
 
 impl Tool {
@@ -36,6 +40,7 @@ impl Tool {
             Self::Python3 => "python3",
             Self::ControlPlane => "kube-apiserver",
             Self::PodNetworks => "nft",
+            Self::Slirp4netns => "slirp4netns",
         }
     }
 
@@ -68,6 +73,10 @@ impl Tool {
                  user namespaces"
             }
             Self::Python3 => "apt-get install python3 (bash .ci/run installs it)",
+            Self::Slirp4netns => {
+                "run as root with slirp4netns and util-linux \
+                 (apt-get install slirp4netns util-linux; bash .ci/run installs them)"
+            }
             Self::PodNetworks => {
                 "run as root with bubblewrap, iproute2, nftables and util-linux \
                  (apt-get install bubblewrap iproute2 nftables util-linux; bash .ci/run installs them)"
@@ -83,8 +92,12 @@ impl Tool {
             Self::Python3 => runs("python3", &["--version"]),
             Self::ControlPlane => Self::control_plane_dir().is_some(),
             Self::PodNetworks => {
-                agent_sandbox_sim::bwrap_available()
+                is_root()
+                    && agent_sandbox_sim::bwrap_available()
                     && agent_sandbox_sim::PodNetwork::bridge_available().is_ok()
+            }
+            Self::Slirp4netns => {
+                is_root() && runs("slirp4netns", &["--version"]) && runs("setpriv", &["--version"])
             }
         };
         (!works).then(|| match self {
@@ -94,6 +107,9 @@ impl Tool {
             Self::ControlPlane => "kube-apiserver, kube-controller-manager, kube-scheduler, etcd \
                                    and kubectl are not together in a directory on PATH"
                 .to_owned(),
+            Self::PodNetworks | Self::Slirp4netns if !is_root() => {
+                "the test makes network namespaces of its own, which needs root".to_owned()
+            }
             Self::PodNetworks => format!(
                 "pods here cannot have networks of their own: {}",
                 agent_sandbox_sim::PodNetwork::bridge_available()
@@ -103,6 +119,17 @@ impl Tool {
             tool => format!("{} is not installed", tool.name()),
         })
     }
+}
+
+/// Whether this process's effective uid is 0 (from `/proc/self/status`).
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|status| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("Uid:"))
+            .and_then(|ids| ids.split_whitespace().nth(1))
+            == Some("0")
+    })
 }
 
 fn runs(program: &str, args: &[&str]) -> bool {
