@@ -127,6 +127,12 @@ pub enum Unroutable {
 }
 
 impl Unroutable {
+    /// Whether the index may still catch up (a claim adopted, a pod readied a moment ago that
+    /// the watch has not delivered yet); a terminating pod does not come back.
+    pub fn may_settle(&self) -> bool {
+        !matches!(self, Self::PodTerminating { .. })
+    }
+
     /// A sentence naming the sandbox `namespace/name`.
     pub fn describe(&self, namespace: &str, name: &str) -> String {
         let sandbox = format!("{namespace}/{name}");
@@ -547,9 +553,16 @@ pub(crate) fn pod_entry(pod: &Pod) -> Option<(String, String, PodEntry)> {
 
 /// The index shared between the watchers (writers) and the proxy (readers).
 ///
-/// Clones share one index. Lookups take the read lock for the time of one hash lookup.
+/// Clones share one index. Lookups take the read lock for the time of one hash lookup. Every
+/// write wakes those waiting in [`SharedIndex::changed`] once its guard is dropped.
 #[derive(Debug, Clone, Default)]
-pub struct SharedIndex(Arc<RwLock<Index>>);
+pub struct SharedIndex(Arc<Shared>);
+
+#[derive(Debug, Default)]
+struct Shared {
+    index: RwLock<Index>,
+    changed: tokio::sync::Notify,
+}
 
 impl SharedIndex {
     /// An empty, unsynced index.
@@ -559,18 +572,57 @@ impl SharedIndex {
 
     /// Wraps an index built beforehand.
     pub fn from_index(index: Index) -> Self {
-        Self(Arc::new(RwLock::new(index)))
+        Self(Arc::new(Shared {
+            index: RwLock::new(index),
+            changed: tokio::sync::Notify::new(),
+        }))
     }
 
     /// Read access. A writer that panicked cannot have left a summary half-written (each update
     /// is a single map operation), so a poisoned lock is used as is.
     pub fn read(&self) -> RwLockReadGuard<'_, Index> {
-        self.0.read().unwrap_or_else(PoisonError::into_inner)
+        self.0.index.read().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Write access (see [`Self::read`] on poisoning).
-    pub fn write(&self) -> RwLockWriteGuard<'_, Index> {
-        self.0.write().unwrap_or_else(PoisonError::into_inner)
+    /// Write access (see [`Self::read`] on poisoning); waiters are woken when it is dropped.
+    pub fn write(&self) -> WriteGuard<'_> {
+        WriteGuard {
+            guard: self.0.index.write().unwrap_or_else(PoisonError::into_inner),
+            changed: &self.0.changed,
+        }
+    }
+
+    /// Completes at the next write after this call's future is first polled or
+    /// [`enable`](tokio::sync::futures::Notified::enable)d: take it before looking, await it
+    /// after, and no write in between is missed.
+    pub fn changed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.0.changed.notified()
+    }
+}
+
+/// Write access to a [`SharedIndex`]; dropping it wakes the index's waiters.
+#[derive(Debug)]
+pub struct WriteGuard<'a> {
+    guard: RwLockWriteGuard<'a, Index>,
+    changed: &'a tokio::sync::Notify,
+}
+
+impl std::ops::Deref for WriteGuard<'_> {
+    type Target = Index;
+    fn deref(&self) -> &Index {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for WriteGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Index {
+        &mut self.guard
+    }
+}
+
+impl Drop for WriteGuard<'_> {
+    fn drop(&mut self) {
+        self.changed.notify_waiters();
     }
 }
 

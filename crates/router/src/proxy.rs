@@ -23,9 +23,10 @@ use crate::body::{Finish, Outcome, RequestBody, ResponseBody};
 use crate::config::Config;
 use crate::connector::Connector;
 use crate::headers::{
-    deadline, head_bytes, inbound_response_headers, is_upgrade, outbound_headers, parse_routing,
+    Routing, deadline, head_bytes, inbound_response_headers, is_upgrade, outbound_headers,
+    parse_routing,
 };
-use crate::index::SharedIndex;
+use crate::index::{Backend, SharedIndex};
 use crate::metrics::Metrics;
 use crate::reject::{Reason, Rejection, json_response, shown};
 use crate::route;
@@ -41,6 +42,9 @@ pub(crate) enum Role {
     Metrics,
 }
 
+/// How long a request to a sandbox that is not routable yet waits for the index to catch up
+/// (see `Proxy::resolve`).
+const INDEX_SETTLE: Duration = Duration::from_secs(2);
 /// Idle pooled connections kept per pod.
 const POOL_MAX_IDLE_PER_HOST: usize = 32;
 
@@ -271,15 +275,11 @@ impl Proxy {
             },
             unix_now(),
         )?;
-        let backend = self
-            .index
-            .read()
-            .resolve(&routing.namespace, &routing.id)
-            .map_err(|why| route::unroutable(&routing, &why))?;
-        let addr = route::target(&routing, &backend)?;
-
         let timeout = deadline(routing.timeout, self.max_timeout);
         let deadline_at = tokio::time::Instant::now() + timeout;
+        let backend = self.resolve(&routing, deadline_at).await?;
+        let addr = route::target(&routing, &backend)?;
+
         let uri: Uri = format!("http://{addr}{path}").parse().map_err(|_| {
             Rejection::bad_request(format!("Invalid request target for sandbox {sandbox}."))
         })?;
@@ -357,6 +357,30 @@ impl Proxy {
         // An upgraded exchange outlives the request deadline: the tunnel is long-lived by design.
         let body = ResponseBody::upstream(body, (!switching).then_some(deadline_at));
         Ok(Response::from_parts(parts, body))
+    }
+
+    /// The sandbox's backend. A sandbox that is not routable yet for a reason the index may
+    /// catch up on (its watch a moment behind the claim that adopted it or the pod that became
+    /// ready) is looked up again at each index change for up to [`INDEX_SETTLE`] (within the
+    /// request's deadline) before the request is refused.
+    async fn resolve(
+        &self,
+        routing: &Routing,
+        deadline_at: tokio::time::Instant,
+    ) -> Result<Backend, Rejection> {
+        let settle_at = deadline_at.min(tokio::time::Instant::now() + INDEX_SETTLE);
+        loop {
+            let changed = self.index.changed();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let why = match self.index.read().resolve(&routing.namespace, &routing.id) {
+                Ok(backend) => return Ok(backend),
+                Err(why) => why,
+            };
+            if !why.may_settle() || tokio::time::timeout_at(settle_at, changed).await.is_err() {
+                return Err(route::unroutable(routing, &why));
+            }
+        }
     }
 
     fn too_large(&self, sandbox: &str) -> Rejection {

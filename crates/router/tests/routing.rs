@@ -170,10 +170,17 @@ async fn a_warm_sandbox_without_service_is_reachable_and_an_unclaimed_one_is_not
         .as_mut()
         .unwrap()
         .remove(labels::WARM_POOL_SANDBOX);
-    router.index.write().apply_sandbox(&adopted);
+    // It reaches the router's index while a request waits (its watch a moment behind the
+    // claim the client saw adopt the sandbox): the request goes through, not a 404.
+    let index = router.index.clone();
+    let adopt = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        index.write().apply_sandbox(&adopted);
+    });
     let reply = router
         .send(Method::POST, "/execute", &headers, execute("echo warm"))
         .await;
+    adopt.await.unwrap();
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
     assert_eq!(reply.json()["stdout"], "warm\n");
 }
