@@ -151,6 +151,7 @@ pub(crate) fn pool(name: &str, template: &str, replicas: i32, run: &str) -> Sand
                 name: template.into(),
             },
             update_strategy: None,
+            claim_defaults: None,
         },
     );
     pool.metadata.labels = Some(run_labels(run));

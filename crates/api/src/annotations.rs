@@ -98,3 +98,12 @@ pub const MIGRATION_SOURCE_TEMPLATE: &str = "agents.x-k8s.io/migration-source-te
 /// Written by template authors (value `"true"`). Read by the pool and claim reconcilers when they
 /// build a sandbox from the template.
 pub const SKIP_SECURE_DEFAULTS: &str = "agents.x-k8s.io/skip-container-hardening";
+
+/// On a Sandbox the idle lifecycle suspended: when it did (RFC 3339). Removed when the sandbox
+/// runs again; `suspendedTTLSeconds` counts from it.
+pub const IDLE_SUSPENDED_AT: &str = "agents.x-k8s.io/idle-suspended-at";
+
+/// On a Sandbox: since when it has been running for its current holder (RFC 3339): written when
+/// a claim adopts a warm sandbox and when a sandbox is resumed, so that the idle lifecycle does
+/// not count the time before.
+pub const ACTIVE_SINCE: &str = "agents.x-k8s.io/active-since";

@@ -6,7 +6,7 @@ use kube_derive::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::sandbox::{PersistentVolumeClaimTemplate, PodMetadata};
+use crate::sandbox::{IdleLifecycle, PersistentVolumeClaimTemplate, PodMetadata};
 
 /// What claim expiry does.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
@@ -113,6 +113,21 @@ pub struct SandboxClaimSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
     pub volume_claim_templates: Vec<PersistentVolumeClaimTemplate>,
+    /// Idle suspension or deletion of the claim's sandbox, instead of the pool's
+    /// `claimDefaults` or the template's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_lifecycle: Option<IdleLifecycle>,
+}
+
+/// Defaults for the claims of a warm pool that set none (the shape of upstream's KEP-1306
+/// `claimDefaults`), so that a client that dies without deleting its claim leaves nothing
+/// behind for long.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimDefaults {
+    /// The idle lifecycle of claimed sandboxes whose claim sets none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_lifecycle: Option<IdleLifecycle>,
 }
 
 /// Observed state of a claim, written by the claim reconciler.

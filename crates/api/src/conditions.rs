@@ -134,6 +134,11 @@ pub mod events {
     pub const CLAIM_EXPIRED: &str = "ClaimExpired";
     /// Normal, on a sandbox: `shutdownTime` passed.
     pub const SANDBOX_EXPIRED: &str = "SandboxExpired";
+    /// Normal, on a sandbox: its idle lifecycle suspended it (`activeTTLSeconds` without
+    /// activity).
+    pub const IDLE_SUSPENDED: &str = "IdleSuspended";
+    /// Normal, on a sandbox: its idle lifecycle deleted it (or its claim).
+    pub const IDLE_EXPIRED: &str = "IdleExpired";
     /// Warning, on a sandbox: more than one pod is controlled by it.
     pub const MULTIPLE_PODS: &str = "MultiplePods";
     /// Warning, on a pool: a member cannot be scheduled and is held instead of replaced.

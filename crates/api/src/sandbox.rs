@@ -118,6 +118,86 @@ pub struct Lifecycle {
     pub shutdown_policy: ShutdownPolicy,
 }
 
+/// What becomes of a running sandbox when `activeTTLSeconds` pass without activity.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum ActiveExpirationPolicy {
+    /// It is suspended (`operatingMode: Suspended`: the pod goes, volumes and Service stay);
+    /// the next request through the router resumes it.
+    #[default]
+    Suspend,
+    /// It is deleted (a claimed sandbox: its claim, and the sandbox with it).
+    Delete,
+}
+
+/// What becomes of a sandbox the idle lifecycle suspended when `suspendedTTLSeconds` pass.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum SuspendedExpirationPolicy {
+    /// It is deleted (a claimed sandbox: its claim, and the sandbox with it).
+    #[default]
+    Delete,
+    /// It stays suspended until resumed or deleted.
+    Retain,
+}
+
+/// Suspension or deletion after inactivity (the shape of upstream's proposal #1160). Activity
+/// is what goes through the router to the sandbox, including requests still running and open
+/// streams; it is recorded in `status.lastActivityTime`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IdleLifecycle {
+    /// Seconds without activity after which a running sandbox expires (unset: never).
+    #[serde(
+        rename = "activeTTLSeconds",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(range(min = 1))]
+    pub active_ttl_seconds: Option<i64>,
+    /// What that expiry does (default `Suspend`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_expiration_policy: Option<ActiveExpirationPolicy>,
+    /// Seconds a sandbox the idle lifecycle suspended stays suspended before it expires
+    /// (unset: it stays).
+    #[serde(
+        rename = "suspendedTTLSeconds",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(range(min = 1))]
+    pub suspended_ttl_seconds: Option<i64>,
+    /// What that expiry does (default `Delete`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suspended_expiration_policy: Option<SuspendedExpirationPolicy>,
+}
+
+/// The merge patch that resumes a suspended Sandbox at `now` (RFC 3339): `operatingMode:
+/// Running`, the idle clock restarted ([`annotations::ACTIVE_SINCE`]) and the idle suspension's
+/// mark removed. What the router (resume on traffic), the SDK and the CLI send.
+///
+/// [`annotations::ACTIVE_SINCE`]: crate::annotations::ACTIVE_SINCE
+pub fn resume_patch(now: &str) -> serde_json::Value {
+    serde_json::json!({
+        "metadata": {"annotations": {
+            crate::annotations::ACTIVE_SINCE: now,
+            crate::annotations::IDLE_SUSPENDED_AT: null,
+        }},
+        "spec": {"operatingMode": "Running"},
+    })
+}
+
+/// The merge patch that suspends a Sandbox (`operatingMode: Suspended`); with `idle_at`, marked
+/// as suspended by the idle lifecycle at that time (RFC 3339), which `suspendedTTLSeconds`
+/// counts from.
+pub fn suspend_patch(idle_at: Option<&str>) -> serde_json::Value {
+    let mut patch = serde_json::json!({"spec": {"operatingMode": "Suspended"}});
+    if let Some(at) = idle_at {
+        patch["metadata"] = serde_json::json!({"annotations": {
+            crate::annotations::IDLE_SUSPENDED_AT: at,
+        }});
+    }
+    patch
+}
+
 /// Whether a sandbox's pod should exist.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 pub enum OperatingMode {
@@ -177,6 +257,9 @@ pub struct SandboxSpec {
     /// Whether the pod should run.
     #[serde(default)]
     pub operating_mode: OperatingMode,
+    /// Suspension or deletion after inactivity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_lifecycle: Option<IdleLifecycle>,
 }
 
 /// Observed state of a Sandbox, written by the Sandbox reconciler only.
@@ -206,4 +289,13 @@ pub struct SandboxStatus {
     /// Node of the pod, while it exists.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub node_name: String,
+    /// When a request through the router last reached the sandbox (or was still running), as
+    /// routers record it: at most once per sandbox and interval, not per request.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::time::deserialize_optional",
+        serialize_with = "crate::time::serialize_optional"
+    )]
+    pub last_activity_time: Option<Time>,
 }

@@ -6,7 +6,7 @@ use kube_derive::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::sandbox::SandboxBlueprint;
+use crate::sandbox::{IdleLifecycle, SandboxBlueprint};
 
 /// Ingress and egress rules for the template's shared NetworkPolicy. An empty list denies all
 /// traffic in that direction; an absent one (`None`) also denies, as in a NetworkPolicy whose
@@ -87,4 +87,9 @@ pub struct SandboxTemplateSpec {
     /// What a claim's `volumeClaimTemplates` may do.
     #[serde(default)]
     pub volume_claim_templates_policy: VolumeClaimTemplatesPolicy,
+    /// Idle suspension or deletion of claimed sandboxes built from this template (a claim's
+    /// own and its pool's `claimDefaults` come first; unclaimed warm-pool members never idle
+    /// out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_lifecycle: Option<IdleLifecycle>,
 }

@@ -75,6 +75,9 @@ pub struct SandboxWarmPoolSpec {
     /// How members built from an older template are replaced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub update_strategy: Option<UpdateStrategy>,
+    /// Defaults for claims from this pool that set none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_defaults: Option<crate::claim::ClaimDefaults>,
 }
 
 impl Default for SandboxWarmPoolSpec {
@@ -83,6 +86,7 @@ impl Default for SandboxWarmPoolSpec {
             replicas: default_replicas(),
             sandbox_template_ref: SandboxTemplateRef::default(),
             update_strategy: None,
+            claim_defaults: None,
         }
     }
 }

@@ -232,6 +232,7 @@ fn pool(name: &str, template: &str, replicas: i32) -> SandboxWarmPool {
                 name: template.into(),
             },
             update_strategy: None,
+            claim_defaults: None,
         },
     )
 }

@@ -344,6 +344,7 @@ async fn reconciles(cluster: &LocalCluster, controller: &Controller, runs: Runs)
                     replicas: 1,
                     sandbox_template_ref: SandboxTemplateRef { name: "tpl".into() },
                     update_strategy: None,
+                    claim_defaults: None,
                 },
             ),
         )

@@ -103,6 +103,7 @@ async fn create_pool(client: &Client, name: &str, replicas: i32) -> Result<()> {
                 name: TEMPLATE.into(),
             },
             update_strategy: None,
+            claim_defaults: None,
         },
     );
     Api::<SandboxWarmPool>::namespaced(client.clone(), NS)

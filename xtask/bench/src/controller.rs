@@ -260,6 +260,7 @@ async fn create_pool(client: &Client, replicas: i32) -> Result<()> {
                 name: DEFAULT_TEMPLATE.into(),
             },
             update_strategy: None,
+            claim_defaults: None,
         },
     );
     Api::<SandboxWarmPool>::namespaced(client.clone(), NS)

@@ -19,7 +19,9 @@ use std::time::Duration;
 use agent_sandbox_api::claim::{ClaimShutdownPolicy, ClaimedSandbox, EnvVar};
 use agent_sandbox_api::conditions::{claim as claim_cond, sandbox as sandbox_cond};
 use agent_sandbox_api::names::{is_label_value, is_qualified_name};
-use agent_sandbox_api::sandbox::{PersistentVolumeClaimTemplate, PodMetadata, Sandbox};
+use agent_sandbox_api::sandbox::{
+    IdleLifecycle, PersistentVolumeClaimTemplate, PodMetadata, Sandbox,
+};
 use agent_sandbox_api::template::{EnvVarsInjectionPolicy, VolumeClaimTemplatesPolicy};
 use agent_sandbox_api::warm_pool::UpdateStrategyType;
 use agent_sandbox_api::{
@@ -1003,6 +1005,7 @@ fn serve<'a>(observed: &Observed<'a>, policy: &ClaimPolicy<'_>) -> Step<'a> {
         Err(message) => return report(ClaimProblem::InvalidMetadata(message), None),
     };
     let template_name = pool.spec.sandbox_template_ref.name.clone();
+    let idle = idle_lifecycle(claim, Some(pool), template);
     match pick(
         claim,
         pool,
@@ -1014,7 +1017,13 @@ fn serve<'a>(observed: &Observed<'a>, policy: &ClaimPolicy<'_>) -> Step<'a> {
     ) {
         Pick::Wait(after) => Step::Wait(after),
         Pick::Adopt(names) => Step::Adopt {
-            adoptions: adoptions(valid, candidates, &names),
+            adoptions: adoptions(valid, candidates, &names)
+                .into_iter()
+                .map(|mut adoption| {
+                    adoption.patch = with_idle_lifecycle(adoption.patch, idle.as_ref(), now);
+                    adoption
+                })
+                .collect(),
             template: template_name,
         },
         Pick::Cold => {
@@ -1025,18 +1034,55 @@ fn serve<'a>(observed: &Observed<'a>, policy: &ClaimPolicy<'_>) -> Step<'a> {
                 return report(problem, Some(MISSING_RETRY));
             };
             match cold_sandbox(valid, template, policy.dns) {
-                Ok(sandbox) => Step::Create {
+                Ok(mut sandbox) => Step::Create {
                     note: format!(
                         "created Sandbox {} from SandboxTemplate {template_name}",
                         sandbox.metadata.name.as_deref().unwrap_or_default()
                     ),
-                    sandbox: Box::new(sandbox),
+                    sandbox: Box::new({
+                        sandbox.spec.idle_lifecycle = idle;
+                        sandbox
+                    }),
                     template: template_name,
                 },
                 Err(problem) => report(problem, None),
             }
         }
     }
+}
+
+/// The idle lifecycle of the claim's sandbox: the claim's own, else its pool's
+/// `claimDefaults`, else its template's.
+pub fn idle_lifecycle(
+    claim: &SandboxClaim,
+    pool: Option<&SandboxWarmPool>,
+    template: Option<&SandboxTemplate>,
+) -> Option<IdleLifecycle> {
+    claim
+        .spec
+        .idle_lifecycle
+        .clone()
+        .or_else(|| {
+            pool.and_then(|p| p.spec.claim_defaults.as_ref())
+                .and_then(|d| d.idle_lifecycle.clone())
+        })
+        .or_else(|| template.and_then(|t| t.spec.idle_lifecycle.clone()))
+}
+
+/// An adoption patch that also sets the adopted sandbox's idle lifecycle (when there is one)
+/// and starts its idle clock at `now` ([`annotations::ACTIVE_SINCE`]): the time it sat in the
+/// pool does not count.
+pub fn with_idle_lifecycle(
+    mut patch: Value,
+    idle: Option<&IdleLifecycle>,
+    now: Timestamp,
+) -> Value {
+    let Some(idle) = idle else {
+        return patch;
+    };
+    patch["metadata"]["annotations"][annotations::ACTIVE_SINCE] = json!(now.to_string());
+    patch["spec"]["idleLifecycle"] = serde_json::to_value(idle).unwrap_or(Value::Null);
+    patch
 }
 
 /// The first [`ADOPTION_ATTEMPTS`] of the picked `names` with their writes; a member whose pod
@@ -1147,6 +1193,7 @@ mod tests {
                     name: "python".into(),
                 },
                 update_strategy: None,
+                claim_defaults: None,
             },
         );
         p.metadata.namespace = Some("default".into());

@@ -533,6 +533,114 @@ pub fn expiry(sandbox: &Sandbox, now: Timestamp) -> Expiry {
     }
 }
 
+/// What the idle lifecycle (`spec.idleLifecycle`) asks of a sandbox now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Idle {
+    /// Nothing now; look again after this long (`None`: nothing is due, ever, as things stand).
+    Wait(Option<Duration>),
+    /// Suspend it ([`agent_sandbox_api::sandbox::suspend_patch`], marked as idle).
+    Suspend,
+    /// Delete it: its claim when a SandboxClaim controls it (the sandbox goes with the claim),
+    /// else the Sandbox.
+    Delete,
+    /// Remove a stale idle-suspension mark: the sandbox runs again, resumed by someone who
+    /// did not remove it (`kubectl edit`).
+    ClearMark,
+}
+
+fn annotation_time(sandbox: &Sandbox, key: &str) -> Option<Timestamp> {
+    sandbox
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(key)?
+        .parse()
+        .ok()
+}
+
+/// Since when a running sandbox counts as active: the latest of its creation, the last
+/// activity routers recorded, the time it was adopted or resumed ([`annotations::ACTIVE_SINCE`])
+/// and the time it stopped being suspended.
+pub fn active_since(sandbox: &Sandbox) -> Timestamp {
+    let created = sandbox
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map_or(Timestamp::UNIX_EPOCH, |t| t.0);
+    let status = sandbox.status.as_ref();
+    let activity = status
+        .and_then(|s| s.last_activity_time.as_ref())
+        .map(|t| t.0);
+    let unsuspended = status
+        .and_then(|s| find_condition(&s.conditions, cond::SUSPENDED))
+        .filter(|c| c.status == "False")
+        .map(|c| c.last_transition_time.0);
+    [
+        Some(created),
+        activity,
+        unsuspended,
+        annotation_time(sandbox, annotations::ACTIVE_SINCE),
+    ]
+    .into_iter()
+    .flatten()
+    .max()
+    .unwrap_or(created)
+}
+
+fn seconds(value: i64) -> Duration {
+    Duration::from_secs(u64::try_from(value).unwrap_or(0))
+}
+
+/// What `sandbox`'s idle lifecycle asks at `now`. Unclaimed warm-pool members never idle out
+/// (nothing reaches them); a sandbox that is being deleted is left alone by the caller.
+pub fn idle(sandbox: &Sandbox, now: Timestamp) -> Idle {
+    use agent_sandbox_api::sandbox::{ActiveExpirationPolicy, SuspendedExpirationPolicy};
+    let marked = annotation_time(sandbox, annotations::IDLE_SUSPENDED_AT);
+    let running = sandbox.spec.operating_mode == OperatingMode::Running;
+    if running && marked.is_some() {
+        return Idle::ClearMark;
+    }
+    let Some(lifecycle) = &sandbox.spec.idle_lifecycle else {
+        return Idle::Wait(None);
+    };
+    if owning_pool(sandbox).is_some() {
+        return Idle::Wait(None);
+    }
+    if running {
+        let Some(ttl) = lifecycle.active_ttl_seconds.filter(|ttl| *ttl > 0) else {
+            return Idle::Wait(None);
+        };
+        return match remaining(super::after(active_since(sandbox), seconds(ttl)), now) {
+            Some(left) => Idle::Wait(Some(left)),
+            None => match lifecycle.active_expiration_policy.unwrap_or_default() {
+                ActiveExpirationPolicy::Suspend => Idle::Suspend,
+                ActiveExpirationPolicy::Delete => Idle::Delete,
+            },
+        };
+    }
+    // Suspended: only a suspension of the idle lifecycle's own expires.
+    let (Some(at), Some(ttl)) = (marked, lifecycle.suspended_ttl_seconds.filter(|t| *t > 0)) else {
+        return Idle::Wait(None);
+    };
+    match remaining(super::after(at, seconds(ttl)), now) {
+        Some(left) => Idle::Wait(Some(left)),
+        None => match lifecycle.suspended_expiration_policy.unwrap_or_default() {
+            SuspendedExpirationPolicy::Delete => Idle::Delete,
+            SuspendedExpirationPolicy::Retain => Idle::Wait(None),
+        },
+    }
+}
+
+/// The claim that controls `sandbox`, if a SandboxClaim does (its name).
+pub fn owning_claim(sandbox: &Sandbox) -> Option<&str> {
+    controller_of(&sandbox.metadata)
+        .filter(|owner| {
+            owner.kind == kinds::SANDBOX_CLAIM
+                && owner.api_version.split('/').next() == Some(agent_sandbox_api::EXTENSIONS_GROUP)
+        })
+        .map(|owner| owner.name.as_str())
+}
+
 /// True once the sandbox's status says it expired (the first expiry pass has run).
 pub fn marked_expired(sandbox: &Sandbox) -> bool {
     sandbox
@@ -1482,5 +1590,85 @@ mod tests {
             ..SandboxStatus::default()
         };
         assert!(!only_node_name_changed(&old, &new));
+    }
+
+    fn idle_sandbox(
+        ttl: i64,
+        policy: agent_sandbox_api::sandbox::ActiveExpirationPolicy,
+    ) -> Sandbox {
+        let mut sb = sandbox("idle");
+        sb.spec.idle_lifecycle = Some(agent_sandbox_api::sandbox::IdleLifecycle {
+            active_ttl_seconds: Some(ttl),
+            active_expiration_policy: Some(policy),
+            suspended_ttl_seconds: Some(60),
+            suspended_expiration_policy: None,
+        });
+        sb
+    }
+
+    fn at(seconds: i64) -> Timestamp {
+        super::super::after(now(), Duration::from_secs(u64::try_from(seconds).unwrap()))
+    }
+
+    #[test]
+    fn an_idle_sandbox_suspends_after_its_ttl_counted_from_its_last_activity() {
+        use agent_sandbox_api::sandbox::ActiveExpirationPolicy;
+        let mut sb = idle_sandbox(30, ActiveExpirationPolicy::Suspend);
+        assert_eq!(idle(&sb, at(10)), Idle::Wait(Some(Duration::from_secs(20))));
+        assert_eq!(idle(&sb, at(30)), Idle::Suspend);
+        // Activity a router recorded at +25 s moves the deadline to +55 s.
+        sb.status = Some(SandboxStatus {
+            last_activity_time: Some(Time(at(25))),
+            ..SandboxStatus::default()
+        });
+        assert_eq!(idle(&sb, at(40)), Idle::Wait(Some(Duration::from_secs(15))));
+        // So does a resume or an adoption (the active-since mark).
+        sb.metadata.annotations =
+            Some([(annotations::ACTIVE_SINCE.to_owned(), at(50).to_string())].into());
+        assert_eq!(idle(&sb, at(60)), Idle::Wait(Some(Duration::from_secs(20))));
+        assert_eq!(idle(&sb, at(80)), Idle::Suspend);
+        let delete = idle_sandbox(30, ActiveExpirationPolicy::Delete);
+        assert_eq!(idle(&delete, at(31)), Idle::Delete);
+        // Without a lifecycle, or unclaimed in a pool, nothing idles out.
+        assert_eq!(idle(&sandbox("plain"), at(10_000)), Idle::Wait(None));
+        let mut member = idle_sandbox(30, ActiveExpirationPolicy::Delete);
+        member.metadata.owner_references = Some(vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: agent_sandbox_api::EXTENSIONS_API_VERSION.into(),
+                kind: kinds::SANDBOX_WARM_POOL.into(),
+                name: "pool".into(),
+                uid: "pool-uid".into(),
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            },
+        ]);
+        assert_eq!(idle(&member, at(10_000)), Idle::Wait(None));
+    }
+
+    #[test]
+    fn an_idle_suspension_expires_after_the_suspended_ttl_and_only_that_one() {
+        use agent_sandbox_api::sandbox::{ActiveExpirationPolicy, SuspendedExpirationPolicy};
+        let mut sb = idle_sandbox(30, ActiveExpirationPolicy::Suspend);
+        sb.spec.operating_mode = OperatingMode::Suspended;
+        // Suspended by hand: stays.
+        assert_eq!(idle(&sb, at(10_000)), Idle::Wait(None));
+        sb.metadata.annotations = Some(
+            [(
+                annotations::IDLE_SUSPENDED_AT.to_owned(),
+                at(30).to_string(),
+            )]
+            .into(),
+        );
+        assert_eq!(idle(&sb, at(40)), Idle::Wait(Some(Duration::from_secs(50))));
+        assert_eq!(idle(&sb, at(90)), Idle::Delete);
+        sb.spec
+            .idle_lifecycle
+            .as_mut()
+            .unwrap()
+            .suspended_expiration_policy = Some(SuspendedExpirationPolicy::Retain);
+        assert_eq!(idle(&sb, at(90)), Idle::Wait(None));
+        // Resumed by someone who left the mark: it is cleared.
+        sb.spec.operating_mode = OperatingMode::Running;
+        assert_eq!(idle(&sb, at(90)), Idle::ClearMark);
     }
 }

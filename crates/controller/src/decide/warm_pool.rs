@@ -482,6 +482,7 @@ mod tests {
                     name: "python".into(),
                 },
                 update_strategy: None,
+                claim_defaults: None,
             },
         );
         pool.metadata.namespace = Some("default".into());

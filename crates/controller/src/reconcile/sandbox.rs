@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use agent_sandbox_api::conditions::events as event_reasons;
 use agent_sandbox_api::sandbox::{OperatingMode, SandboxStatus, ShutdownPolicy};
-use agent_sandbox_api::{Sandbox, SandboxWarmPool, kinds};
+use agent_sandbox_api::{Sandbox, SandboxClaim, SandboxWarmPool, annotations, kinds};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
@@ -15,7 +15,7 @@ use kube::{Api, Resource, ResourceExt};
 use serde_json::Value;
 
 use crate::context::{Context, now};
-use crate::decide::sandbox::{self as decide, ChildDecision, Expiry, Observed, Problem};
+use crate::decide::sandbox::{self as decide, ChildDecision, Expiry, Idle, Observed, Problem};
 use crate::decide::{Ownership, ownership};
 use crate::error::{Error, Result, api_message, is_conflict, is_invalid, is_not_found, kube_err};
 use crate::lenient::Lenient;
@@ -43,6 +43,11 @@ pub async fn reconcile(sandbox: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Actio
         })
     };
     let now = now();
+    let idle_in = match decide::idle(&sandbox, now) {
+        Idle::Wait(left) => left,
+        _ if matches!(decide::expiry(&sandbox, now), Expiry::Expired) => None,
+        idle => return idle_out(&sandbox, idle, now, &ctx).await,
+    };
     match decide::expiry(&sandbox, now) {
         Expiry::Expired => expire(&sandbox, &ctx).await,
         expiry => {
@@ -53,10 +58,17 @@ pub async fn reconcile(sandbox: Arc<Sandbox>, ctx: Arc<Context>) -> Result<Actio
                 &ctx.config.cluster_domain,
                 now,
             );
-            let mut requeue = match expiry {
-                Expiry::In(left) => Action::requeue(left.saturating_add(Duration::from_millis(5))),
-                _ => Action::await_change(),
+            let expiry_in = match expiry {
+                Expiry::In(left) => Some(left),
+                _ => None,
             };
+            let mut requeue = expiry_in
+                .into_iter()
+                .chain(idle_in)
+                .min()
+                .map_or_else(Action::await_change, |left| {
+                    Action::requeue(left.saturating_add(Duration::from_millis(5)))
+                });
             if matches!(
                 decide::expiry(&sandbox, crate::context::now()),
                 Expiry::Expired
@@ -557,6 +569,102 @@ pub(crate) async fn write_status(
 }
 
 /// Expiry: mark it, remove the pod and Service, then delete or retain the Sandbox.
+/// Carries out what the idle lifecycle asks (not [`Idle::Wait`]): one conditional write. A
+/// conflict (a router recorded activity, someone resumed it) is looked at again at once.
+async fn idle_out(
+    sandbox: &Sandbox,
+    idle: Idle,
+    now: k8s_openapi::jiff::Timestamp,
+    ctx: &Context,
+) -> Result<Action> {
+    let (namespace, name) = names(sandbox);
+    let sandboxes: Api<Sandbox> = Api::namespaced(ctx.client.clone(), &namespace);
+    let conditional = |mut patch: Value| {
+        patch["metadata"]["resourceVersion"] = sandbox.metadata.resource_version.clone().into();
+        patch
+    };
+    let written = match idle {
+        Idle::Wait(_) => return Ok(Action::await_change()),
+        Idle::ClearMark => {
+            let patch = conditional(serde_json::json!({"metadata": {"annotations": {
+                annotations::IDLE_SUSPENDED_AT: null,
+            }}}));
+            sandboxes
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map(drop)
+        }
+        Idle::Suspend => {
+            let at = now.to_string();
+            let patch = conditional(agent_sandbox_api::sandbox::suspend_patch(Some(&at)));
+            let written = sandboxes
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map(drop);
+            if written.is_ok() {
+                let ttl = sandbox
+                    .spec
+                    .idle_lifecycle
+                    .as_ref()
+                    .and_then(|l| l.active_ttl_seconds)
+                    .unwrap_or_default();
+                ctx.event(
+                    sandbox,
+                    false,
+                    event_reasons::IDLE_SUSPENDED,
+                    "Suspend",
+                    format!("no activity for {ttl} s (activeTTLSeconds); the next request through the router resumes it"),
+                );
+            }
+            written
+        }
+        Idle::Delete => {
+            ctx.event(
+                sandbox,
+                false,
+                event_reasons::IDLE_EXPIRED,
+                "Delete",
+                "idle lifecycle expired (activeExpirationPolicy or suspendedExpirationPolicy Delete)"
+                    .to_owned(),
+            );
+            match decide::owning_claim(sandbox) {
+                Some(claim) => {
+                    let claim = claim.to_owned();
+                    let uid = crate::decide::controller_of(&sandbox.metadata)
+                        .map(|owner| owner.uid.clone());
+                    let claims: Api<SandboxClaim> = Api::namespaced(ctx.client.clone(), &namespace);
+                    let params = DeleteParams {
+                        preconditions: Some(Preconditions {
+                            uid,
+                            resource_version: None,
+                        }),
+                        ..DeleteParams::background()
+                    };
+                    claims.delete(&claim, &params).await.map(drop)
+                }
+                None => {
+                    let params = DeleteParams {
+                        preconditions: Some(Preconditions {
+                            uid: sandbox.metadata.uid.clone(),
+                            resource_version: sandbox.metadata.resource_version.clone(),
+                        }),
+                        ..DeleteParams::background()
+                    };
+                    sandboxes.delete(&name, &params).await.map(drop)
+                }
+            }
+        }
+    };
+    match written {
+        Ok(()) => Ok(Action::await_change()),
+        Err(error) if is_conflict(&error) => Ok(Action::requeue(Duration::from_millis(1))),
+        Err(error) if is_not_found(&error) => Ok(Action::await_change()),
+        Err(error) => Err(kube_err("idle lifecycle of", KIND, &namespace, &name)(
+            error,
+        )),
+    }
+}
+
 async fn expire(sandbox: &Sandbox, ctx: &Context) -> Result<Action> {
     let (namespace, name) = names(sandbox);
     let now = now();
