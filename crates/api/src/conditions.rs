@@ -137,6 +137,8 @@ pub mod events {
     /// Normal, on a sandbox: its idle lifecycle suspended it (`activeTTLSeconds` without
     /// activity).
     pub const IDLE_SUSPENDED: &str = "IdleSuspended";
+    /// Normal, on a sandbox: a request through the router woke it from suspension.
+    pub const RESUMED_ON_TRAFFIC: &str = "ResumedOnTraffic";
     /// Normal, on a sandbox: its idle lifecycle deleted it (or its claim).
     pub const IDLE_EXPIRED: &str = "IdleExpired";
     /// Warning, on a sandbox: more than one pod is controlled by it.

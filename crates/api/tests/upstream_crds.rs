@@ -109,8 +109,21 @@ fn pool_conditions(difference: &Difference) -> bool {
         && difference.path == "sandboxwarmpools.extensions.agents.x-k8s.io status.conditions"
 }
 
+fn idle_lifecycle(difference: &Difference) -> bool {
+    difference.keyword == "property"
+        && difference.upstream.is_none()
+        && [
+            "sandboxes.agents.x-k8s.io spec.idleLifecycle",
+            "sandboxes.agents.x-k8s.io status.lastActivityTime",
+            "sandboxtemplates.extensions.agents.x-k8s.io spec.idleLifecycle",
+            "sandboxwarmpools.extensions.agents.x-k8s.io spec.claimDefaults",
+            "sandboxclaims.extensions.agents.x-k8s.io spec.idleLifecycle",
+        ]
+        .contains(&difference.path.as_str())
+}
+
 /// Every difference we keep, each also listed in docs/controller.md.
-const DELIBERATE: [Deliberate; 4] = [
+const DELIBERATE: [Deliberate; 5] = [
     Deliberate {
         what: "int32 fields carry int32's range",
         why: "the API server does not enforce `format: int32`; without bounds it stores \
@@ -134,6 +147,13 @@ const DELIBERATE: [Deliberate; 4] = [
         what: "SandboxWarmPool status has conditions",
         why: "our `Capped` condition reports a pool held below `spec.replicas`",
         matches: pool_conditions,
+    },
+    Deliberate {
+        what: "the idle lifecycle: `idleLifecycle` (Sandbox, template, claim), `claimDefaults` \
+               (pool), `status.lastActivityTime`",
+        why: "upstream's largest open request (#849, #968; shapes of its proposals #1160 and \
+              KEP-1306), all optional: upstream's manifests stay valid",
+        matches: idle_lifecycle,
     },
 ];
 

@@ -75,7 +75,8 @@ impl RouterTasks {
         config.access_log = false;
         config.shutdown_grace = Duration::from_secs(2);
         let index = SharedIndex::new();
-        let router = Router::bind(config, index.clone())
+        // With the client, the router records activity and wakes suspended sandboxes.
+        let router = Router::bind_with(config, index.clone(), Some(client.clone()))
             .await
             .map_err(|source| Error::RouterStart { source })?;
         let addr = router.local_addr();

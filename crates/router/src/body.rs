@@ -169,6 +169,8 @@ pub(crate) struct Finish {
     pub(crate) reason: Option<Reason>,
     pub(crate) outcome: Outcome,
     pub(crate) bytes_out: u64,
+    /// The sandbox's activity, while the response lasts.
+    pub(crate) active: Option<crate::activity::Active>,
 }
 
 impl Finish {
@@ -196,6 +198,7 @@ impl Finish {
             reason: None,
             outcome: Outcome::Aborted,
             bytes_out: 0,
+            active: None,
         }
     }
 }

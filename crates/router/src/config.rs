@@ -70,6 +70,9 @@ pub struct Config {
     /// this process is not in (an embedded router of a local cluster whose kubelet is not
     /// root); `None`: ordinary sockets.
     pub pod_sockets: Option<PodSockets>,
+    /// Writes of a sandbox's `status.lastActivityTime` are at least this far apart (a quarter
+    /// of its `activeTTLSeconds` when that is shorter).
+    pub activity_interval: Duration,
 }
 
 /// A maker of sockets for connections to pods ([`Config::pod_sockets`]).
@@ -100,6 +103,8 @@ pub mod defaults {
     pub const SHUTDOWN_GRACE_SECONDS: &str = "30";
     /// `--pool-idle-seconds`.
     pub const POOL_IDLE_SECONDS: &str = "60";
+    /// `--activity-interval`.
+    pub const ACTIVITY_INTERVAL_SECONDS: &str = "30";
 }
 
 impl Config {
@@ -124,6 +129,7 @@ impl Config {
             access_log: true,
             pool_idle_timeout: secs(defaults::POOL_IDLE_SECONDS),
             pod_sockets: None,
+            activity_interval: secs(defaults::ACTIVITY_INTERVAL_SECONDS),
         }
     }
 }
@@ -535,6 +541,11 @@ pub struct Args {
     #[arg(long = "pool-idle-seconds", env = "SANDBOX_ROUTER_POOL_IDLE_SECONDS",
           default_value = defaults::POOL_IDLE_SECONDS, value_parser = parse_positive_duration)]
     pub pool_idle_timeout: Duration,
+    /// Seconds between two writes of a sandbox's `status.lastActivityTime` (its idle
+    /// lifecycle's clock), at least; a quarter of its `activeTTLSeconds` when that is shorter.
+    #[arg(long = "activity-interval", env = "SANDBOX_ROUTER_ACTIVITY_INTERVAL",
+          default_value = defaults::ACTIVITY_INTERVAL_SECONDS, value_parser = parse_positive_duration)]
+    pub activity_interval: Duration,
     /// Upstream's Go router flags.
     #[command(flatten)]
     pub go: GoFlags,
@@ -694,6 +705,7 @@ impl Args {
                 access_log: self.access_log,
                 pool_idle_timeout: self.pool_idle_timeout,
                 pod_sockets: None,
+                activity_interval: self.activity_interval,
             },
             kubeconfig: self.go.kubeconfig,
             warnings,

@@ -44,6 +44,10 @@ pub(crate) struct SandboxEntry {
     readiness: Readiness,
     /// Name of the controlling `SandboxWarmPool`, for unclaimed members.
     warm_pool: Option<String>,
+    /// `spec.operatingMode` is `Suspended`.
+    suspended: bool,
+    /// `spec.idleLifecycle.activeTTLSeconds`.
+    idle_ttl: Option<std::time::Duration>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,6 +87,9 @@ pub struct Backend {
     pub ips: Vec<IpAddr>,
     /// Ports that may be addressed: 8888 and the declared container ports, sorted.
     pub ports: Vec<u16>,
+    /// The Sandbox's `activeTTLSeconds`, when it has an idle lifecycle: activity is recorded
+    /// often enough for it.
+    pub idle_ttl: Option<std::time::Duration>,
 }
 
 /// Why a sandbox cannot be routed to.
@@ -92,6 +99,8 @@ pub enum Unroutable {
     NotSynced,
     /// No such Sandbox.
     NotFound,
+    /// The Sandbox is suspended (`operatingMode: Suspended`); a request resumes it.
+    Suspended,
     /// The Sandbox is an unclaimed member of this warm pool.
     WarmPoolMember {
         /// The pool.
@@ -142,6 +151,10 @@ impl Unroutable {
                  of sandboxes and pods."
             ),
             Self::NotFound => format!("Sandbox {sandbox} not found."),
+            Self::Suspended => format!(
+                "Sandbox {sandbox} is suspended (operatingMode: Suspended); resume it \
+                 (sandboxctl resume) or send the request through a router that may resume it."
+            ),
             Self::WarmPoolMember { pool } => format!(
                 "Sandbox {sandbox} is an unclaimed warm-pool member (pool {pool}); claim it with a \
                  SandboxClaim first."
@@ -304,6 +317,9 @@ impl Index {
         if let Some(pool) = &sandbox.warm_pool {
             return Err(Unroutable::WarmPoolMember { pool: pool.clone() });
         }
+        if sandbox.suspended {
+            return Err(Unroutable::Suspended);
+        }
         match &sandbox.readiness {
             Readiness::Ready => {}
             Readiness::NotReady { reason, message } => {
@@ -342,7 +358,10 @@ impl Index {
                 pod: pod_name.to_owned(),
             });
         }
-        Ok(backend(sandbox.uid.clone(), pod_name, pod))
+        Ok(Backend {
+            idle_ttl: sandbox.idle_ttl,
+            ..backend(sandbox.uid.clone(), pod_name, pod)
+        })
     }
 
     /// [`Self::resolve`] without Sandboxes (see the module docs).
@@ -403,6 +422,7 @@ fn backend(uid: String, pod_name: &str, pod: &PodEntry) -> Backend {
         pod: pod_name.to_owned(),
         ips: pod.ips.clone(),
         ports,
+        idle_ttl: None,
     }
 }
 
@@ -471,6 +491,15 @@ pub(crate) fn sandbox_entry(sandbox: &Sandbox) -> Option<(String, String, Sandbo
             pod_name,
             readiness,
             warm_pool,
+            suspended: sandbox.spec.operating_mode
+                == agent_sandbox_api::sandbox::OperatingMode::Suspended,
+            idle_ttl: sandbox
+                .spec
+                .idle_lifecycle
+                .as_ref()
+                .and_then(|l| l.active_ttl_seconds)
+                .and_then(|ttl| u64::try_from(ttl).ok())
+                .map(std::time::Duration::from_secs),
         },
     ))
 }
@@ -748,6 +777,7 @@ mod tests {
         assert_eq!(
             index.resolve("default", "box"),
             Ok(Backend {
+                idle_ttl: None,
                 uid: "uid-box".to_owned(),
                 pod: "box".to_owned(),
                 ips: vec!["10.0.0.5".parse().unwrap()],
@@ -988,6 +1018,7 @@ mod tests {
         assert_eq!(
             index.resolve("default", "box"),
             Ok(Backend {
+                idle_ttl: None,
                 uid: "uid-box".to_owned(),
                 pod: "box".to_owned(),
                 ips: vec!["10.0.0.5".parse().unwrap()],

@@ -18,6 +18,7 @@
 //! caller-fed index, e.g. `sandboxctl run --local`), or [`Router::bind`] + [`Router::serve`]
 //! when the caller needs the bound address first. Flags and behaviour: `docs/router.md`.
 
+mod activity;
 mod auth;
 mod body;
 mod config;
@@ -62,7 +63,7 @@ pub async fn run(
 ) -> Result<()> {
     let index = SharedIndex::new();
     let namespace = config.namespace.clone();
-    let router = Router::bind(config, index.clone()).await?;
+    let router = Router::bind_with(config, index.clone(), Some(client.clone())).await?;
     let watching = tokio::spawn(watch(client, index, namespace));
     let served = router.serve(shutdown).await;
     watching.abort();

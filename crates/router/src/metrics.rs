@@ -32,6 +32,8 @@ pub(crate) struct Metrics {
     retries: Counter,
     inflight: Gauge,
     tunnels: Gauge,
+    activity_writes: Counter,
+    resumes: Counter,
 }
 
 impl Metrics {
@@ -75,6 +77,18 @@ impl Metrics {
             "Upgraded connections (WebSocket and others) being relayed",
             tunnels.clone(),
         );
+        let activity_writes = Counter::default();
+        registry.register(
+            "activity_writes",
+            "Writes of a sandbox's status.lastActivityTime (at most one per sandbox and interval)",
+            activity_writes.clone(),
+        );
+        let resumes = Counter::default();
+        registry.register(
+            "resumes",
+            "Suspended sandboxes resumed for a request",
+            resumes.clone(),
+        );
         Self {
             registry,
             requests,
@@ -83,6 +97,8 @@ impl Metrics {
             retries,
             inflight,
             tunnels,
+            activity_writes,
+            resumes,
         }
     }
 
@@ -111,6 +127,14 @@ impl Metrics {
 
     pub(crate) fn retried(&self) {
         self.retries.inc();
+    }
+
+    pub(crate) fn activity_written(&self) {
+        self.activity_writes.inc();
+    }
+
+    pub(crate) fn resumed(&self) {
+        self.resumes.inc();
     }
 
     pub(crate) fn tunnel_opened(&self) {

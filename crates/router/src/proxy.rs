@@ -26,7 +26,7 @@ use crate::headers::{
     Routing, deadline, head_bytes, inbound_response_headers, is_upgrade, outbound_headers,
     parse_routing,
 };
-use crate::index::{Backend, SharedIndex};
+use crate::index::{Backend, SharedIndex, Unroutable};
 use crate::metrics::Metrics;
 use crate::reject::{Reason, Rejection, json_response, shown};
 use crate::route;
@@ -65,10 +65,12 @@ pub(crate) struct Proxy {
     pub(crate) stop: CancellationToken,
     /// Set once shutdown began: `/readyz` answers 503 so that load balancers stop sending.
     pub(crate) draining: AtomicBool,
+    /// Activity records and resumes, when the router has a client for the cluster.
+    pub(crate) cluster: Option<Arc<crate::activity::Cluster>>,
 }
 
 impl Proxy {
-    pub(crate) fn new(config: &Config, index: SharedIndex) -> Self {
+    pub(crate) fn new(config: &Config, index: SharedIndex, cluster: Option<kube::Client>) -> Self {
         let metrics = Arc::new(Metrics::new());
         let connector = Connector::new(
             config.connect_timeout,
@@ -90,10 +92,17 @@ impl Proxy {
             max_header_bytes: config.max_header_bytes,
             access_log: config.access_log,
             client,
-            metrics,
             tunnels: TaskTracker::new(),
             stop: CancellationToken::new(),
             draining: AtomicBool::new(false),
+            cluster: cluster.map(|cluster| {
+                Arc::new(crate::activity::Cluster::new(
+                    cluster,
+                    config.activity_interval,
+                    Arc::clone(&metrics),
+                ))
+            }),
+            metrics,
         }
     }
 
@@ -279,6 +288,15 @@ impl Proxy {
         let deadline_at = tokio::time::Instant::now() + timeout;
         let backend = self.resolve(&routing, deadline_at).await?;
         let addr = route::target(&routing, &backend)?;
+        let activity = |cluster: &Arc<crate::activity::Cluster>| {
+            cluster.recorder.begin(
+                &routing.namespace,
+                &routing.id,
+                backend.idle_ttl,
+                k8s_openapi::jiff::Timestamp::now(),
+            )
+        };
+        finish.active = self.cluster.as_ref().map(activity);
 
         let uri: Uri = format!("http://{addr}{path}").parse().map_err(|_| {
             Rejection::bad_request(format!("Invalid request target for sandbox {sandbox}."))
@@ -349,7 +367,8 @@ impl Proxy {
                 ));
             };
             let upstream_upgrade = hyper::upgrade::on(&mut response);
-            self.relay(client_upgrade, upstream_upgrade, sandbox);
+            let active = self.cluster.as_ref().map(activity);
+            self.relay(client_upgrade, upstream_upgrade, sandbox, active);
             finish.outcome = Outcome::Upgraded;
         }
         let (mut parts, body) = response.into_parts();
@@ -368,7 +387,8 @@ impl Proxy {
         routing: &Routing,
         deadline_at: tokio::time::Instant,
     ) -> Result<Backend, Rejection> {
-        let settle_at = deadline_at.min(tokio::time::Instant::now() + INDEX_SETTLE);
+        let mut settle_at = deadline_at.min(tokio::time::Instant::now() + INDEX_SETTLE);
+        let mut waking = false;
         loop {
             let changed = self.index.changed();
             tokio::pin!(changed);
@@ -377,7 +397,35 @@ impl Proxy {
                 Ok(backend) => return Ok(backend),
                 Err(why) => why,
             };
+            if why == Unroutable::Suspended
+                && let Some(cluster) = &self.cluster
+            {
+                // Resume on traffic: the request's activity wakes it (the controller resumes a
+                // suspended sandbox with newer activity); wait within the request's deadline.
+                cluster
+                    .resume(&routing.namespace, &routing.id)
+                    .await
+                    .map_err(|why| {
+                        Rejection::new(
+                            Reason::NotReady,
+                            format!("Sandbox {} is suspended and {why}.", routing.sandbox()),
+                        )
+                    })?;
+                waking = true;
+                settle_at = deadline_at;
+            }
             if !why.may_settle() || tokio::time::timeout_at(settle_at, changed).await.is_err() {
+                if waking {
+                    return Err(Rejection::new(
+                        Reason::Timeout,
+                        format!(
+                            "Sandbox {} was suspended and did not wake before the request's \
+                             deadline (X-Sandbox-Timeout); still: {}",
+                            routing.sandbox(),
+                            why.describe(&routing.namespace, &routing.id)
+                        ),
+                    ));
+                }
                 return Err(route::unroutable(routing, &why));
             }
         }
@@ -394,7 +442,13 @@ impl Proxy {
     }
 
     /// Relays an upgraded connection both ways until either side closes or the router stops.
-    fn relay(&self, client: OnUpgrade, upstream: OnUpgrade, sandbox: String) {
+    fn relay(
+        &self,
+        client: OnUpgrade,
+        upstream: OnUpgrade,
+        sandbox: String,
+        active: Option<crate::activity::Active>,
+    ) {
         let metrics = Arc::clone(&self.metrics);
         let stop = self.stop.clone();
         self.tunnels.spawn(async move {
@@ -415,6 +469,7 @@ impl Proxy {
                 () = stop.cancelled() => tracing::info!(%sandbox, "tunnel closed by shutdown"),
             }
             metrics.tunnel_closed();
+            drop(active);
         });
     }
 }

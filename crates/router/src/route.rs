@@ -19,7 +19,8 @@ pub(crate) fn unroutable(routing: &Routing, why: &Unroutable) -> Rejection {
         Unroutable::NotSynced => Rejection::new(Reason::NotSynced, detail),
         Unroutable::NotFound => Rejection::new(Reason::NotFound, detail),
         Unroutable::WarmPoolMember { .. } => Rejection::new(Reason::WarmPoolMember, detail),
-        Unroutable::NotReady { .. }
+        Unroutable::Suspended
+        | Unroutable::NotReady { .. }
         | Unroutable::NoPod { .. }
         | Unroutable::PodNotControlled { .. }
         | Unroutable::PodTerminating { .. }
@@ -101,6 +102,7 @@ mod tests {
             pod: "box".to_owned(),
             ips: vec!["10.0.0.5".parse().unwrap(), "fd00::5".parse().unwrap()],
             ports: vec![8888, 9000],
+            idle_ttl: None,
         }
     }
 

@@ -42,6 +42,17 @@ impl Router {
     /// Binds `config.listen`; requests are routed with `index` (fed by [`crate::watch()`] or by
     /// the caller).
     pub async fn bind(config: Config, index: SharedIndex) -> Result<Self> {
+        Self::bind_with(config, index, None).await
+    }
+
+    /// [`Router::bind`], with a client for the cluster through which the router records
+    /// sandboxes' activity (`status.lastActivityTime`, for their idle lifecycle) and resumes
+    /// suspended sandboxes that requests arrive for. Without one it does neither.
+    pub async fn bind_with(
+        config: Config,
+        index: SharedIndex,
+        cluster: Option<kube::Client>,
+    ) -> Result<Self> {
         let listener = TcpListener::bind(config.listen)
             .await
             .map_err(|source| Error::Bind {
@@ -67,7 +78,7 @@ impl Router {
             local_addr,
             probe,
             metrics,
-            proxy: Arc::new(Proxy::new(&config, index)),
+            proxy: Arc::new(Proxy::new(&config, index, cluster)),
             shutdown_grace: config.shutdown_grace,
             read_buffer,
         })
@@ -115,6 +126,11 @@ impl Router {
         let metrics = metrics.map(|(listener, _)| listener);
         let connections = TaskTracker::new();
         let graceful = CancellationToken::new();
+        let activity_stop = CancellationToken::new();
+        let activity = proxy
+            .cluster
+            .clone()
+            .map(|cluster| tokio::spawn(cluster.write_activity(activity_stop.clone())));
         tokio::pin!(shutdown);
         loop {
             let (accepted, role) = tokio::select! {
@@ -167,6 +183,11 @@ impl Router {
             proxy.stop.cancel();
             connections.wait().await;
             proxy.tunnels.wait().await;
+        }
+        // The last activity is written before the router goes.
+        activity_stop.cancel();
+        if let Some(activity) = activity {
+            let _ = activity.await;
         }
         tracing::info!("sandbox-router stopped");
         Ok(())

@@ -546,6 +546,9 @@ pub enum Idle {
     /// Remove a stale idle-suspension mark: the sandbox runs again, resumed by someone who
     /// did not remove it (`kubectl edit`).
     ClearMark,
+    /// Resume it ([`agent_sandbox_api::sandbox::resume_patch`]): it is suspended and a router
+    /// recorded activity after it was (a request arrived for it).
+    Resume,
 }
 
 fn annotation_time(sandbox: &Sandbox, key: &str) -> Option<Timestamp> {
@@ -599,6 +602,23 @@ pub fn idle(sandbox: &Sandbox, now: Timestamp) -> Idle {
     let running = sandbox.spec.operating_mode == OperatingMode::Running;
     if running && marked.is_some() {
         return Idle::ClearMark;
+    }
+    if !running {
+        // Any suspension, the idle lifecycle's or not, wakes on traffic.
+        let status = sandbox.status.as_ref();
+        let suspended = status
+            .and_then(|s| find_condition(&s.conditions, cond::SUSPENDED))
+            .filter(|c| c.status == "True")
+            .map(|c| c.last_transition_time.0);
+        let since = marked.into_iter().chain(suspended).max();
+        let activity = status
+            .and_then(|s| s.last_activity_time.as_ref())
+            .map(|t| t.0);
+        if let (Some(since), Some(activity)) = (since, activity)
+            && activity > since
+        {
+            return Idle::Resume;
+        }
     }
     let Some(lifecycle) = &sandbox.spec.idle_lifecycle else {
         return Idle::Wait(None);
@@ -1667,6 +1687,13 @@ mod tests {
             .unwrap()
             .suspended_expiration_policy = Some(SuspendedExpirationPolicy::Retain);
         assert_eq!(idle(&sb, at(90)), Idle::Wait(None));
+        // A request arrives (a router records activity after the suspension): it resumes.
+        sb.status = Some(SandboxStatus {
+            last_activity_time: Some(Time(at(95))),
+            ..SandboxStatus::default()
+        });
+        assert_eq!(idle(&sb, at(96)), Idle::Resume);
+        sb.status = None;
         // Resumed by someone who left the mark: it is cleared.
         sb.spec.operating_mode = OperatingMode::Running;
         assert_eq!(idle(&sb, at(90)), Idle::ClearMark);

@@ -594,6 +594,23 @@ async fn idle_out(
                 .await
                 .map(drop)
         }
+        Idle::Resume => {
+            let patch = conditional(agent_sandbox_api::sandbox::resume_patch(&now.to_string()));
+            let written = sandboxes
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map(drop);
+            if written.is_ok() {
+                ctx.event(
+                    sandbox,
+                    false,
+                    event_reasons::RESUMED_ON_TRAFFIC,
+                    "Resume",
+                    "a request arrived through the router".to_owned(),
+                );
+            }
+            written
+        }
         Idle::Suspend => {
             let at = now.to_string();
             let patch = conditional(agent_sandbox_api::sandbox::suspend_patch(Some(&at)));
