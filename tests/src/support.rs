@@ -253,3 +253,24 @@ pub(crate) fn binary(package: &str, bin: &str) -> Result<PathBuf> {
         package, bin,
     )?)
 }
+
+/// The pod backing `sandbox` (named by its annotation, else after it).
+pub(crate) fn pod_name(sandbox: &agent_sandbox_api::Sandbox) -> String {
+    use kube::ResourceExt as _;
+    sandbox
+        .annotations()
+        .get(agent_sandbox_api::annotations::POD_NAME)
+        .cloned()
+        .unwrap_or_else(|| sandbox.name_any())
+}
+
+/// Creates `object`, the error naming it.
+pub(crate) async fn create<K>(api: &Api<K>, object: &K) -> Result<K>
+where
+    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    use kube::ResourceExt as _;
+    api.create(&kube::api::PostParams::default(), object)
+        .await
+        .map_err(Error::kube(format!("create {}", object.name_any())))
+}

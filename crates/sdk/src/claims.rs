@@ -107,6 +107,7 @@ pub(crate) fn claim_object(
                 labels: options.pod_labels.clone(),
                 annotations: options.pod_annotations.clone(),
             },
+            idle_lifecycle: options.idle_lifecycle.clone(),
             ..SandboxClaimSpec::default()
         },
         status: None,
@@ -514,6 +515,37 @@ pub(crate) async fn delete_all(
 
 /// Moves the claim's expiry to now + `ttl` (policy `Delete`), retrying on 409 conflicts with
 /// the controller's writes. Returns the new time.
+/// Suspends (`suspend`) or resumes the Sandbox `namespace/name` with one merge patch.
+pub(crate) async fn set_suspended(
+    kube: &kube::Client,
+    namespace: &str,
+    name: &str,
+    suspend: bool,
+) -> Result<()> {
+    let api: Api<agent_sandbox_api::Sandbox> = Api::namespaced(kube.clone(), namespace);
+    let patch = if suspend {
+        agent_sandbox_api::sandbox::suspend_patch(None)
+    } else {
+        agent_sandbox_api::sandbox::resume_patch(&Timestamp::now().to_string())
+    };
+    api.patch(
+        name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&patch),
+    )
+    .await
+    .map(drop)
+    .map_err(|source| Error::Kube {
+        operation: if suspend {
+            "suspend Sandbox"
+        } else {
+            "resume Sandbox"
+        },
+        object: format!("{namespace}/{name}"),
+        source,
+    })
+}
+
 pub(crate) async fn extend_claim(
     kube: &kube::Client,
     namespace: &str,

@@ -396,6 +396,9 @@ pub struct CreateOptions {
     pub progress: Option<ProgressFn>,
     /// Overrides [`ClientOptions::sandbox_ready_timeout`].
     pub ready_timeout: Option<Duration>,
+    /// The sandbox's idle lifecycle (`spec.idleLifecycle` of the claim), instead of its pool's
+    /// `claimDefaults` or its template's.
+    pub idle_lifecycle: Option<agent_sandbox_api::sandbox::IdleLifecycle>,
 }
 
 impl fmt::Debug for CreateOptions {
@@ -407,6 +410,7 @@ impl fmt::Debug for CreateOptions {
             .field("pod_annotations", &self.pod_annotations)
             .field("progress", &self.progress.is_some())
             .field("ready_timeout", &self.ready_timeout)
+            .field("idle_lifecycle", &self.idle_lifecycle)
             .finish()
     }
 }
@@ -451,6 +455,27 @@ impl CreateOptions {
     #[must_use]
     pub fn ready_timeout(mut self, timeout: Duration) -> Self {
         self.ready_timeout = Some(timeout);
+        self
+    }
+
+    /// Suspends the sandbox after `after` without activity (requests through the router,
+    /// including ones still running); the next request wakes it. Whole seconds, at least one.
+    #[must_use]
+    pub fn suspend_when_idle(mut self, after: Duration) -> Self {
+        self.idle_lifecycle = Some(agent_sandbox_api::sandbox::IdleLifecycle {
+            active_ttl_seconds: Some(i64::try_from(after.as_secs().max(1)).unwrap_or(i64::MAX)),
+            active_expiration_policy: Some(
+                agent_sandbox_api::sandbox::ActiveExpirationPolicy::Suspend,
+            ),
+            ..Default::default()
+        });
+        self
+    }
+
+    /// Sets the whole idle lifecycle (see [`CreateOptions::suspend_when_idle`]).
+    #[must_use]
+    pub fn idle_lifecycle(mut self, lifecycle: agent_sandbox_api::sandbox::IdleLifecycle) -> Self {
+        self.idle_lifecycle = Some(lifecycle);
         self
     }
 }

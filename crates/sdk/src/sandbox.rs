@@ -286,6 +286,30 @@ impl Sandbox {
         Ok(at)
     }
 
+    /// Suspends the sandbox (`operatingMode: Suspended`): its pod goes, its volumes and
+    /// Service stay. The next request through the router wakes it (or [`Sandbox::resume`]).
+    pub async fn suspend(&self) -> Result<()> {
+        crate::claims::set_suspended(
+            &self.inner.kube,
+            self.namespace(),
+            self.sandbox_name(),
+            true,
+        )
+        .await
+    }
+
+    /// Resumes a suspended sandbox (`operatingMode: Running`, its idle clock restarted); its
+    /// pod comes back. Requests sent meanwhile wait for it within their timeout.
+    pub async fn resume(&self) -> Result<()> {
+        crate::claims::set_suspended(
+            &self.inner.kube,
+            self.namespace(),
+            self.sandbox_name(),
+            false,
+        )
+        .await
+    }
+
     /// Mints a scoped router token for this sandbox (see
     /// [`Client::mint_token`](crate::Client::mint_token)).
     pub fn mint_token(&self, key: &[u8], ttl: Duration) -> Result<String> {

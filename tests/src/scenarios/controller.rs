@@ -8,13 +8,12 @@ use agent_sandbox_api::kinds;
 use agent_sandbox_api::sandbox::OperatingMode;
 use agent_sandbox_api::template::NetworkPolicyManagement;
 use agent_sandbox_api::{
-    Sandbox, SandboxClaim, SandboxSpec, SandboxTemplate, SandboxWarmPool, annotations, labels,
-    name_hash,
+    Sandbox, SandboxClaim, SandboxSpec, SandboxTemplate, SandboxWarmPool, labels, name_hash,
 };
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, ResourceExt as _};
 use serde_json::json;
 
@@ -23,8 +22,8 @@ use crate::cluster::ClusterUnderTest;
 use crate::ensure;
 use crate::error::{Error, Result};
 use crate::support::{
-    Check, WAIT, claim, describe_conditions, get, pool, run_labels, sandbox_ready,
-    sandbox_suspended, wait_claim_ready, wait_for, wait_gone, wait_pool_ready,
+    Check, WAIT, claim, create, describe_conditions, get, pod_name, pool, run_labels,
+    sandbox_ready, sandbox_suspended, wait_claim_ready, wait_for, wait_gone, wait_pool_ready,
 };
 
 /// The Sandboxes a pool owns, unclaimed.
@@ -42,24 +41,6 @@ async fn members(cluster: &ClusterUnderTest, pool: &str) -> Result<Vec<Sandbox>>
                 .any(|o| o.kind == kinds::SANDBOX_WARM_POOL && o.name == pool)
         })
         .collect())
-}
-
-/// The pod backing `sandbox` (named by its annotation, else after it).
-fn pod_name(sandbox: &Sandbox) -> String {
-    sandbox
-        .annotations()
-        .get(annotations::POD_NAME)
-        .cloned()
-        .unwrap_or_else(|| sandbox.name_any())
-}
-
-async fn create<K>(api: &Api<K>, object: &K) -> Result<K>
-where
-    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    api.create(&PostParams::default(), object)
-        .await
-        .map_err(Error::kube(format!("create {}", object.name_any())))
 }
 
 async fn delete<K>(api: &Api<K>, kind: &str, name: &str) -> Result<()>

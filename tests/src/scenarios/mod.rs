@@ -16,6 +16,7 @@ use crate::error::Result;
 mod agent;
 mod cli;
 mod controller;
+mod idle;
 mod network;
 mod sdk;
 mod upstream;
@@ -68,6 +69,9 @@ pub fn all() -> Vec<Scenario> {
         scenario!(controller::deleting_a_claim_deletes_its_sandbox_and_pod),
         scenario!(controller::a_suspended_sandbox_loses_its_pod_and_resumes),
         scenario!(controller::the_template_policy_admits_only_the_router),
+        scenario!(idle::an_idle_sandbox_suspends_and_the_next_run_wakes_it),
+        scenario!(idle::a_running_command_keeps_its_sandbox_from_idling),
+        scenario!(idle::a_killed_clients_claim_is_gone_after_its_pools_default_idle_ttl),
         scenario!(sdk::round_trip_through_port_forward),
         scenario!(sdk::round_trip_through_a_direct_url),
         scenario!(sdk::round_trip_through_a_gateway),
