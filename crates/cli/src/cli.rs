@@ -111,6 +111,15 @@ The claim's expiry is printed on stderr; `sandboxctl extend CLAIM DURATION` move
     #[command(after_help = "Examples:
   sandboxctl extend sandbox-claim-x7k2q 1h")]
     Extend(ExtendArgs),
+    /// Suspend a claim's sandbox: its pod goes, its files on volumes and its Service stay.
+    #[command(after_help = "Examples:
+  sandboxctl suspend sandbox-claim-x7k2q
+  sandboxctl exec sandbox-claim-x7k2q -- 'echo back'   # a request wakes it (held until Ready)")]
+    Suspend(ClaimArg),
+    /// Resume a claim's suspended sandbox (its pod comes back).
+    #[command(after_help = "Examples:
+  sandboxctl resume sandbox-claim-x7k2q")]
+    Resume(ClaimArg),
     /// List warm pools with desired and ready sandboxes.
     #[command(after_help = "Examples:
   sandboxctl pools
@@ -318,6 +327,13 @@ pub struct ExtendArgs {
     /// New lifetime from now (`30m`, `2h`).
     #[arg(value_parser = parse_duration)]
     pub duration: Duration,
+}
+
+/// A claim, for `suspend` and `resume`.
+#[derive(Debug, Args)]
+pub struct ClaimArg {
+    /// The claim.
+    pub claim: String,
 }
 
 /// `sandboxctl pools`.

@@ -221,13 +221,22 @@ impl Client {
         }
     }
 
-    /// A handle to an existing claim's sandbox (it must be Ready), e.g. one created by another
+    /// A handle to an existing claim's sandbox (it must be Ready, or suspended: the first
+    /// request wakes it), e.g. one created by another
     /// process: attaches to the claim by name. Deleting through it ([`Sandbox::close`]) deletes
     /// the claim. [`Error::ClaimNotFound`] when there is no such claim.
     pub async fn get_sandbox(&self, claim: &str) -> Result<Sandbox> {
         let object = claims::get_claim(&self.inner.kube, self.namespace(), claim).await?;
         match claim_state(&object) {
             ClaimState::Ready { .. } => self.attach(object).await,
+            // Suspended: the first request through the router wakes it.
+            ClaimState::Pending {
+                sandbox: Some(_),
+                reason,
+                ..
+            } if reason == agent_sandbox_api::conditions::sandbox::REASON_SUSPENDED => {
+                self.attach(object).await
+            }
             other => Err(Error::NotConnected {
                 sandbox: claim.to_owned(),
                 reason: format!("the claim is not Ready ({other:?})"),
@@ -399,6 +408,24 @@ impl Client {
     pub async fn mint_claim_token(&self, key: &[u8], claim: &str, ttl: Duration) -> Result<String> {
         let info = self.claim(claim).await?;
         self.mint_token(key, info.assigned_sandbox()?, ttl)
+    }
+
+    /// Suspends the sandbox of `claim` (its pod goes, volumes and Service stay); the next
+    /// request through the router wakes it. Returns the sandbox's name.
+    /// [`Error::ClaimNotFound`], or [`Error::ClaimNotReady`] while the claim has no sandbox.
+    pub async fn suspend(&self, claim: &str) -> Result<String> {
+        let info = self.claim(claim).await?;
+        let sandbox = info.assigned_sandbox()?.to_owned();
+        crate::claims::set_suspended(&self.inner.kube, self.namespace(), &sandbox, true).await?;
+        Ok(sandbox)
+    }
+
+    /// Resumes the suspended sandbox of `claim` (its pod comes back). Returns its name.
+    pub async fn resume(&self, claim: &str) -> Result<String> {
+        let info = self.claim(claim).await?;
+        let sandbox = info.assigned_sandbox()?.to_owned();
+        crate::claims::set_suspended(&self.inner.kube, self.namespace(), &sandbox, false).await?;
+        Ok(sandbox)
     }
 
     /// On SIGINT or SIGTERM, deletes every claim this client created, then exits the process

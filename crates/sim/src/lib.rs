@@ -553,6 +553,9 @@ impl Sim {
 
     /// Stops the server, the controllers and every pod process.
     pub async fn stop(mut self) {
+        // The node first, while the API still answers: its loops never see the API vanish
+        // (they would retry against a closed port and log each failure).
+        self.kubelet.stop().await;
         if let Some(shutdown) = self.shutdown.take() {
             let _ = shutdown.send(());
         }
@@ -560,7 +563,6 @@ impl Sim {
         self.api.abort_tasks();
         self.tasks.abort_all();
         while self.tasks.join_next().await.is_some() {}
-        self.kubelet.stop().await;
     }
 }
 

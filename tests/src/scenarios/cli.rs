@@ -12,7 +12,7 @@ use super::Verdict;
 use crate::cluster::ClusterUnderTest;
 use crate::ensure;
 use crate::error::{Error, Result};
-use crate::support::{Finished, binary, get, run_child, wait_gone};
+use crate::support::{Check, Finished, binary, get, run_child, wait_for, wait_gone};
 
 /// How long one `sandboxctl` invocation may take.
 const LIMIT: Duration = Duration::from_secs(240);
@@ -190,6 +190,46 @@ async fn session(cluster: &ClusterUnderTest, program: &Path, claim: &str) -> Res
         extended.status.success() && after > before,
         "sandboxctl extend moved the shutdown time from {before:?} to {after:?}: {}",
         extended.describe()
+    );
+
+    // Suspended by hand, then woken by the next command (the router holds it until Ready);
+    // files on the pod's own filesystem go with the pod, so the command only echoes.
+    let suspended = sandboxctl(cluster, program, &["suspend", claim], None).await?;
+    ensure!(
+        suspended.status.success() && suspended.stdout.contains("suspended"),
+        "sandboxctl suspend: {}",
+        suspended.describe()
+    );
+    let sandboxes: Api<agent_sandbox_api::Sandbox> = cluster.api();
+    let sandbox = get(&claims, claim)
+        .await?
+        .and_then(|c| c.status)
+        .map(|s| s.sandbox.name)
+        .unwrap_or_default();
+    wait_for(
+        &format!("sandbox {sandbox} to lose its pod"),
+        crate::support::WAIT,
+        || async {
+            Ok(match get(&sandboxes, &sandbox).await? {
+                Some(s)
+                    if s.status.as_ref().is_some_and(|st| {
+                        st.conditions
+                            .iter()
+                            .any(|c| c.type_ == "Suspended" && c.status == "True")
+                    }) =>
+                {
+                    Check::Done(())
+                }
+                other => Check::NotYet(format!("{:?}", other.map(|s| s.spec.operating_mode))),
+            })
+        },
+    )
+    .await?;
+    let woken = sandboxctl(cluster, program, &["exec", claim, "--", "echo awake"], None).await?;
+    ensure!(
+        woken.status.success() && woken.stdout == "awake\n",
+        "sandboxctl exec on the suspended sandbox: {}",
+        woken.describe()
     );
 
     let deleted = sandboxctl(cluster, program, &["delete", claim], None).await?;

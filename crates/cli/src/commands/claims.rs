@@ -8,7 +8,7 @@ use futures::StreamExt as _;
 use serde::Serialize;
 
 use super::{print, render, sdk};
-use crate::cli::{DeleteArgs, ExtendArgs, ListArgs, LogsArgs, TokenArgs};
+use crate::cli::{ClaimArg, DeleteArgs, ExtendArgs, ListArgs, LogsArgs, TokenArgs};
 use crate::error::{Error, Result};
 use crate::output;
 
@@ -209,6 +209,31 @@ pub async fn extend(client: &Client, args: ExtendArgs) -> Result<i32> {
         .await
         .map_err(not_found(client, &args.claim, action))?;
     println!("sandboxclaim {} expires at {at}", args.claim);
+    Ok(0)
+}
+
+/// `sandboxctl suspend` (`suspend`) and `sandboxctl resume`.
+pub async fn suspend(client: &Client, args: ClaimArg, suspend: bool) -> Result<i32> {
+    let verb = if suspend { "suspend" } else { "resume" };
+    let action = format!(
+        "{verb} the sandbox of claim {}/{}",
+        client.namespace(),
+        args.claim
+    );
+    let sandbox = if suspend {
+        client.suspend(&args.claim).await
+    } else {
+        client.resume(&args.claim).await
+    }
+    .map_err(not_found(client, &args.claim, action))?;
+    if suspend {
+        println!(
+            "sandbox {sandbox} of claim {} suspended (a request through the router wakes it)",
+            args.claim
+        );
+    } else {
+        println!("sandbox {sandbox} of claim {} resuming", args.claim);
+    }
     Ok(0)
 }
 

@@ -44,6 +44,8 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
                 Command::List(args) => claims::list(&client, args).await,
                 Command::Delete(args) => claims::delete(&client, args).await,
                 Command::Extend(args) => claims::extend(&client, args).await,
+                Command::Suspend(args) => claims::suspend(&client, args, true).await,
+                Command::Resume(args) => claims::suspend(&client, args, false).await,
                 Command::Pools(args) => pools::pools(&client, args).await,
                 Command::Logs(args) => claims::logs(&client, args).await,
                 Command::Token(args) => claims::token(&client, args).await,
