@@ -259,7 +259,9 @@ pub(crate) async fn wait_ready(
         }
     };
     let object = format!("{namespace}/{name}");
-    let waited = tokio::time::timeout(timeout, async {
+    // A zero budget waits for nothing (without this, a claim answered within the timer's
+    // first tick would count as Ready in no time at all).
+    let wait = tokio::time::timeout(timeout, async {
         let mut broken: u32 = 0;
         loop {
             match await_condition(api.clone(), name, &settled).await {
@@ -282,10 +284,14 @@ pub(crate) async fn wait_ready(
                 }
             }
         }
-    })
-    .await;
+    });
+    let waited = if timeout.is_zero() {
+        None
+    } else {
+        wait.await.ok()
+    };
     let claim = match waited {
-        Err(_) => {
+        None => {
             let last =
                 std::mem::take(&mut reported.lock().unwrap_or_else(PoisonError::into_inner).last);
             return Err(Error::ClaimTimeout {
@@ -295,7 +301,7 @@ pub(crate) async fn wait_ready(
                 last,
             });
         }
-        Ok(found) => found?,
+        Some(found) => found?,
     };
     let Some(claim) = claim else {
         return Err(Error::ClaimNotFound {
