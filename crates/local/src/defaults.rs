@@ -70,6 +70,22 @@ mod tests {
         assert_eq!(pool.spec.replicas, 3);
         let deployed: SandboxWarmPool = parse(POOL_FILE, POOL_YAML).unwrap();
         assert_eq!(deployed.spec.replicas, DEFAULT_POOL_REPLICAS);
+        // Claims on the deployed pool cannot leak: an idle one suspends, a suspended one goes.
+        let idle = deployed
+            .spec
+            .claim_defaults
+            .and_then(|d| d.idle_lifecycle)
+            .expect("deploy/sandboxes/warm-pool.yaml sets claimDefaults.idleLifecycle");
+        assert!(idle.active_ttl_seconds.is_some_and(|ttl| ttl > 0));
+        assert_eq!(
+            idle.active_expiration_policy,
+            Some(agent_sandbox_api::sandbox::ActiveExpirationPolicy::Suspend)
+        );
+        assert!(idle.suspended_ttl_seconds.is_some_and(|ttl| ttl > 0));
+        assert_eq!(
+            idle.suspended_expiration_policy,
+            Some(agent_sandbox_api::sandbox::SuspendedExpirationPolicy::Delete)
+        );
         let image = template.spec.blueprint.pod_template.spec.containers[0]
             .image
             .clone()
