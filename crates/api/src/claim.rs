@@ -125,9 +125,36 @@ pub struct SandboxClaimSpec {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ClaimDefaults {
+    /// The expiry of claims that set no `lifecycle` of their own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lifecycle: Option<DefaultClaimLifecycle>,
     /// The idle lifecycle of claimed sandboxes whose claim sets none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_lifecycle: Option<IdleLifecycle>,
+}
+
+/// A claim expiry that fits every claim: relative to the sandbox finishing, since an absolute
+/// `shutdownTime` cannot be a default.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DefaultClaimLifecycle {
+    /// Seconds after the sandbox finished (`Finished=True`) at which the claim expires.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub ttl_seconds_after_finished: Option<i32>,
+    /// What expiry does.
+    #[serde(default)]
+    pub shutdown_policy: ClaimShutdownPolicy,
+}
+
+impl From<&DefaultClaimLifecycle> for ClaimLifecycle {
+    fn from(default: &DefaultClaimLifecycle) -> Self {
+        Self {
+            shutdown_time: None,
+            ttl_seconds_after_finished: default.ttl_seconds_after_finished,
+            shutdown_policy: default.shutdown_policy,
+        }
+    }
 }
 
 /// Observed state of a claim, written by the claim reconciler.

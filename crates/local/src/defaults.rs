@@ -71,10 +71,20 @@ mod tests {
         let deployed: SandboxWarmPool = parse(POOL_FILE, POOL_YAML).unwrap();
         assert_eq!(deployed.spec.replicas, DEFAULT_POOL_REPLICAS);
         // Claims on the deployed pool cannot leak: an idle one suspends, a suspended one goes.
-        let idle = deployed
+        let defaults = deployed
             .spec
             .claim_defaults
-            .and_then(|d| d.idle_lifecycle)
+            .expect("deploy/sandboxes/warm-pool.yaml sets claimDefaults");
+        let lifecycle = defaults
+            .lifecycle
+            .expect("deploy/sandboxes/warm-pool.yaml sets claimDefaults.lifecycle");
+        assert!(lifecycle.ttl_seconds_after_finished.is_some_and(|ttl| ttl > 0));
+        assert_eq!(
+            lifecycle.shutdown_policy,
+            agent_sandbox_api::claim::ClaimShutdownPolicy::Delete
+        );
+        let idle = defaults
+            .idle_lifecycle
             .expect("deploy/sandboxes/warm-pool.yaml sets claimDefaults.idleLifecycle");
         assert!(idle.active_ttl_seconds.is_some_and(|ttl| ttl > 0));
         assert_eq!(

@@ -179,6 +179,7 @@ pub(super) async fn a_killed_clients_claim_is_gone_after_its_pools_default_idle_
             active_expiration_policy: Some(ActiveExpirationPolicy::Delete),
             ..IdleLifecycle::default()
         }),
+        ..ClaimDefaults::default()
     });
     crate::support::create(&pools, &leaky).await?;
     let outcome = async {

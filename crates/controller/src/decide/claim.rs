@@ -16,7 +16,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use agent_sandbox_api::claim::{ClaimShutdownPolicy, ClaimedSandbox, EnvVar};
+use agent_sandbox_api::claim::{ClaimLifecycle, ClaimShutdownPolicy, ClaimedSandbox, EnvVar};
 use agent_sandbox_api::conditions::{claim as claim_cond, sandbox as sandbox_cond};
 use agent_sandbox_api::names::{is_label_value, is_qualified_name};
 use agent_sandbox_api::sandbox::{
@@ -555,10 +555,27 @@ pub fn adoption_patch(sandbox: &Sandbox, claim: ValidatedClaim<'_>) -> Result<Va
     Ok(patch)
 }
 
+/// The claim's expiry: its own `lifecycle`, else its pool's `claimDefaults.lifecycle` (read at
+/// each pass, so a default set on a pool reaches the claims it already served).
+pub fn lifecycle(
+    claim: &SandboxClaim,
+    pool: Option<&SandboxWarmPool>,
+) -> Option<ClaimLifecycle> {
+    claim.spec.lifecycle.clone().or_else(|| {
+        pool.and_then(|p| p.spec.claim_defaults.as_ref())
+            .and_then(|d| d.lifecycle.as_ref())
+            .map(ClaimLifecycle::from)
+    })
+}
+
 /// When the claim expires: its `shutdownTime`, or `ttlSecondsAfterFinished` after its sandbox
-/// finished, whichever is earlier.
-pub fn expires_at(claim: &SandboxClaim, sandbox: Option<&Sandbox>) -> Option<Timestamp> {
-    let lifecycle = claim.spec.lifecycle.as_ref()?;
+/// finished, whichever is earlier (the claim's lifecycle or its pool's default, [`lifecycle`]).
+pub fn expires_at(
+    claim: &SandboxClaim,
+    pool: Option<&SandboxWarmPool>,
+    sandbox: Option<&Sandbox>,
+) -> Option<Timestamp> {
+    let lifecycle = lifecycle(claim, pool)?;
     let absolute = lifecycle.shutdown_time.as_ref().map(|t| t.0);
     let after_finish = lifecycle.ttl_seconds_after_finished.and_then(|ttl| {
         let finished = sandbox
@@ -580,12 +597,9 @@ pub fn expires_at(claim: &SandboxClaim, sandbox: Option<&Sandbox>) -> Option<Tim
     }
 }
 
-/// The claim's shutdown policy (default `Retain`).
-pub fn shutdown_policy(claim: &SandboxClaim) -> ClaimShutdownPolicy {
-    claim
-        .spec
-        .lifecycle
-        .as_ref()
+/// The claim's shutdown policy (default `Retain`), from [`lifecycle`].
+pub fn shutdown_policy(claim: &SandboxClaim, pool: Option<&SandboxWarmPool>) -> ClaimShutdownPolicy {
+    lifecycle(claim, pool)
         .map(|l| l.shutdown_policy)
         .unwrap_or_default()
 }
@@ -960,13 +974,14 @@ pub fn plan<'a>(observed: &Observed<'a>, policy: &ClaimPolicy<'_>) -> Plan<'a> {
     let Observed {
         claim,
         sandbox,
+        pool,
         now,
         ..
     } = *observed;
-    let expires_at = expires_at(claim, sandbox);
+    let expires_at = expires_at(claim, pool, sandbox);
     if expires_at.is_some_and(|at| remaining(at, now).is_none()) {
         return Plan {
-            step: Step::Expire(expiry(claim, sandbox, policy, now)),
+            step: Step::Expire(expiry(claim, pool, sandbox, policy, now)),
             expires_in: None,
         };
     }
@@ -1115,12 +1130,13 @@ fn adoptions<'a>(
 /// The writes of an expired claim: mark it (once), then carry out its shutdown policy.
 fn expiry(
     claim: &SandboxClaim,
+    pool: Option<&SandboxWarmPool>,
     sandbox: Option<&Sandbox>,
     policy: &ClaimPolicy<'_>,
     now: Timestamp,
 ) -> ExpiryWrites {
     let newly = !marked_expired(claim);
-    let shutdown = shutdown_policy(claim);
+    let shutdown = shutdown_policy(claim, pool);
     ExpiryWrites {
         mark: newly
             .then(|| changed_status(claim, status(claim, None, None, true, now)))
@@ -1144,7 +1160,7 @@ mod tests {
     use super::*;
     use crate::decide::fixtures::{now, pod_spec, sandbox};
     use crate::decide::warm_pool::{MemberSettings, member};
-    use agent_sandbox_api::claim::{ClaimLifecycle, SandboxWarmPoolRef};
+    use agent_sandbox_api::claim::SandboxWarmPoolRef;
     use agent_sandbox_api::sandbox::{
         EmbeddedObjectMetadata, PodTemplate, SandboxBlueprint, SandboxStatus,
     };
@@ -1602,14 +1618,14 @@ mod tests {
     #[test]
     fn expiry_takes_the_earlier_of_the_two_deadlines() {
         let mut c = claim(0);
-        assert_eq!(expires_at(&c, None), None);
+        assert_eq!(expires_at(&c, None, None), None);
         let at: Timestamp = "2026-11-29T12:10:00Z".parse().unwrap();
         c.spec.lifecycle = Some(ClaimLifecycle {
             shutdown_time: Some(Time(at)),
             ttl_seconds_after_finished: Some(60),
             shutdown_policy: ClaimShutdownPolicy::Delete,
         });
-        assert_eq!(expires_at(&c, None), Some(at));
+        assert_eq!(expires_at(&c, None, None), Some(at));
         let mut finished = warm("x", 1, false);
         set_condition(
             &mut finished.status.as_mut().unwrap().conditions,
@@ -1617,10 +1633,57 @@ mod tests {
             now(),
         );
         assert_eq!(
-            expires_at(&c, Some(&finished)),
+            expires_at(&c, None, Some(&finished)),
             Some("2026-11-29T12:01:00Z".parse().unwrap())
         );
-        assert_eq!(shutdown_policy(&c), ClaimShutdownPolicy::Delete);
+        assert_eq!(shutdown_policy(&c, None), ClaimShutdownPolicy::Delete);
+    }
+
+    #[test]
+    fn a_claim_without_a_lifecycle_takes_its_pools_default_and_its_own_wins() {
+        use agent_sandbox_api::claim::{ClaimDefaults, DefaultClaimLifecycle};
+        let mut finished = warm("x", 1, false);
+        set_condition(
+            &mut finished.status.as_mut().unwrap().conditions,
+            condition("Finished", true, "PodSucceeded", "", Some(1)),
+            now(),
+        );
+        let mut p = pool();
+        assert_eq!(expires_at(&claim(0), Some(&p), Some(&finished)), None);
+        assert_eq!(shutdown_policy(&claim(0), Some(&p)), ClaimShutdownPolicy::Retain);
+        p.spec.claim_defaults = Some(ClaimDefaults {
+            lifecycle: Some(DefaultClaimLifecycle {
+                ttl_seconds_after_finished: Some(300),
+                shutdown_policy: ClaimShutdownPolicy::Delete,
+            }),
+            idle_lifecycle: None,
+        });
+        let c = claim(0);
+        assert_eq!(
+            expires_at(&c, Some(&p), Some(&finished)),
+            Some("2026-11-29T12:05:00Z".parse().unwrap())
+        );
+        assert_eq!(shutdown_policy(&c, Some(&p)), ClaimShutdownPolicy::Delete);
+        // Expired by the default: the claim goes, as its policy says.
+        let observed = Observed {
+            claim: &c,
+            sandbox: Some(&finished),
+            pool: Some(&p),
+            template: None,
+            candidates: &[],
+            now: "2026-11-29T12:06:00Z".parse().unwrap(),
+        };
+        let (dns, allowed) = (dns(), allowed());
+        let plan = plan(&observed, &policy(&dns, &allowed));
+        assert!(
+            matches!(&plan.step, Step::Expire(writes) if writes.delete == ExpiryDelete::Claim { foreground: false }),
+            "{plan:?}"
+        );
+        // The claim's own lifecycle wins over the default.
+        let mut own = claim(0);
+        own.spec.lifecycle = Some(ClaimLifecycle::default());
+        assert_eq!(expires_at(&own, Some(&p), Some(&finished)), None);
+        assert_eq!(shutdown_policy(&own, Some(&p)), ClaimShutdownPolicy::Retain);
     }
 
     #[test]
