@@ -78,7 +78,11 @@ mod tests {
         let lifecycle = defaults
             .lifecycle
             .expect("deploy/sandboxes/warm-pool.yaml sets claimDefaults.lifecycle");
-        assert!(lifecycle.ttl_seconds_after_finished.is_some_and(|ttl| ttl > 0));
+        assert!(
+            lifecycle
+                .ttl_seconds_after_finished
+                .is_some_and(|ttl| ttl > 0)
+        );
         assert_eq!(
             lifecycle.shutdown_policy,
             agent_sandbox_api::claim::ClaimShutdownPolicy::Delete

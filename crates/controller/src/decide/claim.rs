@@ -557,10 +557,7 @@ pub fn adoption_patch(sandbox: &Sandbox, claim: ValidatedClaim<'_>) -> Result<Va
 
 /// The claim's expiry: its own `lifecycle`, else its pool's `claimDefaults.lifecycle` (read at
 /// each pass, so a default set on a pool reaches the claims it already served).
-pub fn lifecycle(
-    claim: &SandboxClaim,
-    pool: Option<&SandboxWarmPool>,
-) -> Option<ClaimLifecycle> {
+pub fn lifecycle(claim: &SandboxClaim, pool: Option<&SandboxWarmPool>) -> Option<ClaimLifecycle> {
     claim.spec.lifecycle.clone().or_else(|| {
         pool.and_then(|p| p.spec.claim_defaults.as_ref())
             .and_then(|d| d.lifecycle.as_ref())
@@ -598,7 +595,10 @@ pub fn expires_at(
 }
 
 /// The claim's shutdown policy (default `Retain`), from [`lifecycle`].
-pub fn shutdown_policy(claim: &SandboxClaim, pool: Option<&SandboxWarmPool>) -> ClaimShutdownPolicy {
+pub fn shutdown_policy(
+    claim: &SandboxClaim,
+    pool: Option<&SandboxWarmPool>,
+) -> ClaimShutdownPolicy {
     lifecycle(claim, pool)
         .map(|l| l.shutdown_policy)
         .unwrap_or_default()
@@ -1650,7 +1650,10 @@ mod tests {
         );
         let mut p = pool();
         assert_eq!(expires_at(&claim(0), Some(&p), Some(&finished)), None);
-        assert_eq!(shutdown_policy(&claim(0), Some(&p)), ClaimShutdownPolicy::Retain);
+        assert_eq!(
+            shutdown_policy(&claim(0), Some(&p)),
+            ClaimShutdownPolicy::Retain
+        );
         p.spec.claim_defaults = Some(ClaimDefaults {
             lifecycle: Some(DefaultClaimLifecycle {
                 ttl_seconds_after_finished: Some(300),
