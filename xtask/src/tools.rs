@@ -1,6 +1,8 @@
 //! `cargo xtask tools`: the real Kubernetes control plane for the control-plane test tier
 //! (`kube-apiserver`, `kube-controller-manager`, `kube-scheduler`, `kubectl`) and `etcd`, built
-//! from their Go modules as pinned in `xtask/k8s-tools/go.mod`.
+//! from their Go modules as pinned in `xtask/k8s-tools/go.mod`, and `helm` (the chart's checks),
+//! pinned in a module of its own, `xtask/helm-tool/go.mod`, so that its dependencies never move
+//! the Kubernetes binaries'.
 //!
 //! The binaries go into a cache directory keyed by the pinned versions and a hash of the
 //! module files and the Go version (`$AGENT_SANDBOX_TOOLS_DIR`, else
@@ -18,6 +20,10 @@ use anyhow::{Context as _, Result, bail};
 
 /// The folder of the Go tools module, relative to the workspace root.
 pub(crate) const MODULE_DIR: &str = "xtask/k8s-tools";
+/// The folder of Helm's tools module.
+pub(crate) const HELM_MODULE_DIR: &str = "xtask/helm-tool";
+/// Helm's module path, whose `require` line pins its version.
+const HELM_MODULE: &str = "helm.sh/helm/v4";
 
 /// One binary the tools module builds.
 #[derive(Clone, Copy, Debug)]
@@ -28,35 +34,48 @@ pub(crate) struct Tool {
     package: &'static str,
     /// Arguments that print its version.
     version_args: &'static [&'static str],
+    /// The tools module it is built in.
+    module: &'static str,
 }
 
 /// Every binary, in build order (the API server first: it is the largest and shares most
 /// packages with the others).
-pub(crate) const TOOLS: [Tool; 5] = [
+pub(crate) const TOOLS: [Tool; 6] = [
     Tool {
         name: "kube-apiserver",
         package: "k8s.io/kubernetes/cmd/kube-apiserver",
         version_args: &["--version"],
+        module: MODULE_DIR,
     },
     Tool {
         name: "kube-controller-manager",
         package: "k8s.io/kubernetes/cmd/kube-controller-manager",
         version_args: &["--version"],
+        module: MODULE_DIR,
     },
     Tool {
         name: "kube-scheduler",
         package: "k8s.io/kubernetes/cmd/kube-scheduler",
         version_args: &["--version"],
+        module: MODULE_DIR,
     },
     Tool {
         name: "kubectl",
         package: "k8s.io/kubernetes/cmd/kubectl",
         version_args: &["version", "--client"],
+        module: MODULE_DIR,
     },
     Tool {
         name: "etcd",
         package: "go.etcd.io/etcd/server/v3",
         version_args: &["--version"],
+        module: MODULE_DIR,
+    },
+    Tool {
+        name: "helm",
+        package: "helm.sh/helm/v4/cmd/helm",
+        version_args: &["version", "--short"],
+        module: HELM_MODULE_DIR,
     },
 ];
 
@@ -69,6 +88,24 @@ pub(crate) struct Pins {
     pub(crate) etcd: String,
     /// The module's `go` line, e.g. `1.26.0`.
     pub(crate) go: String,
+}
+
+/// The Helm version `xtask/helm-tool/go.mod` pins (`v4.3.2`).
+pub(crate) fn helm_pin(go_mod: &str) -> Result<String> {
+    go_mod
+        .lines()
+        .find_map(|line| {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            match words.as_slice() {
+                [module, version, ..] | ["require", module, version, ..]
+                    if *module == HELM_MODULE =>
+                {
+                    Some((*version).to_owned())
+                }
+                _ => None,
+            }
+        })
+        .with_context(|| format!("{HELM_MODULE_DIR}/go.mod must require {HELM_MODULE}"))
 }
 
 /// Reads the pins from the text of `go.mod`.
@@ -105,7 +142,7 @@ pub(crate) fn pins(go_mod: &str) -> Result<Pins> {
 
 /// `-ldflags` that stamp the Kubernetes binaries with their release (a module build has no git
 /// metadata, so they would report `v0.0.0-master`), as the release build scripts do.
-pub(crate) fn version_ldflags(kubernetes: &str) -> String {
+pub(crate) fn version_ldflags(kubernetes: &str, helm: &str) -> String {
     let mut parts = kubernetes.trim_start_matches('v').split('.');
     let major = parts.next().unwrap_or("0");
     let minor = parts.next().unwrap_or("0");
@@ -119,6 +156,12 @@ pub(crate) fn version_ldflags(kubernetes: &str) -> String {
         flags.push(format!("-X {package}.gitMinor={minor}"));
         flags.push(format!("-X {package}.gitTreeState=clean"));
     }
+    // Helm's release builds stamp it the same way (its Makefile); a package a binary does not
+    // link is ignored by the linker.
+    flags.push(format!(
+        "-X helm.sh/helm/v4/internal/version.version={helm}"
+    ));
+    flags.push("-X helm.sh/helm/v4/internal/version.gitTreeState=clean".to_owned());
     flags.push("-s -w".to_owned());
     flags.join(" ")
 }
@@ -156,6 +199,8 @@ fn fingerprint(parts: &[&[u8]]) -> String {
 #[derive(Clone, Debug)]
 pub(crate) struct Toolset {
     pub(crate) pins: Pins,
+    /// The Helm version.
+    pub(crate) helm: String,
     /// The directory holding every binary of [`TOOLS`].
     pub(crate) bin_dir: PathBuf,
 }
@@ -200,26 +245,31 @@ pub(crate) fn go_at_least(have: &str, need: &str) -> bool {
     parse(have) >= parse(need)
 }
 
-fn locate(root: &Path, go: &str) -> Result<(Pins, PathBuf)> {
-    let module = root.join(MODULE_DIR);
-    let go_mod = std::fs::read(module.join("go.mod"))
-        .with_context(|| format!("failed to read {MODULE_DIR}/go.mod"))?;
-    let go_sum = std::fs::read(module.join("go.sum"))
-        .with_context(|| format!("failed to read {MODULE_DIR}/go.sum"))?;
+fn locate(root: &Path, go: &str) -> Result<(Pins, String, PathBuf)> {
+    let read = |dir: &str, file: &str| {
+        std::fs::read(root.join(dir).join(file))
+            .with_context(|| format!("failed to read {dir}/{file}"))
+    };
+    let go_mod = read(MODULE_DIR, "go.mod")?;
+    let go_sum = read(MODULE_DIR, "go.sum")?;
+    let helm_mod = read(HELM_MODULE_DIR, "go.mod")?;
+    let helm_sum = read(HELM_MODULE_DIR, "go.sum")?;
     let pins = pins(&String::from_utf8_lossy(&go_mod))?;
+    let helm = helm_pin(&String::from_utf8_lossy(&helm_mod))?;
     let key = format!(
-        "k8s-{}-etcd-{}-{}",
+        "k8s-{}-etcd-{}-helm-{}-{}",
         pins.kubernetes,
         pins.etcd,
-        fingerprint(&[&go_mod, &go_sum, go.as_bytes()])
+        helm,
+        fingerprint(&[&go_mod, &go_sum, &helm_mod, &helm_sum, go.as_bytes()])
     );
-    Ok((pins, cache_root()?.join(key)))
+    Ok((pins, helm, cache_root()?.join(key)))
 }
 
 /// Builds whatever is missing and returns the binaries. Progress goes to stderr.
 pub(crate) fn ensure(root: &Path) -> Result<Toolset> {
     let go = go_version()?;
-    let (pins, dir) = locate(root, &go)?;
+    let (pins, helm, dir) = locate(root, &go)?;
     if !go_at_least(&go, &pins.go) {
         bail!(
             "Go {go} is too old: {MODULE_DIR}/go.mod needs Go {} or newer (install it, or set \
@@ -231,7 +281,11 @@ pub(crate) fn ensure(root: &Path) -> Result<Toolset> {
     let bin_dir = dir.join("bin");
     if TOOLS.iter().all(|tool| bin_dir.join(tool.name).is_file()) {
         gateway_api_crds(&dir)?;
-        return Ok(Toolset { pins, bin_dir });
+        return Ok(Toolset {
+            pins,
+            helm,
+            bin_dir,
+        });
     }
     let parent = dir
         .parent()
@@ -243,7 +297,7 @@ pub(crate) fn ensure(root: &Path) -> Result<Toolset> {
         .tempdir_in(parent)
         .with_context(|| format!("failed to create a build directory in {}", parent.display()))?;
     eprintln!(
-        "building Kubernetes {} and etcd {} from their Go modules (Go {go}) into {}",
+        "building Kubernetes {}, etcd {} and Helm {helm} from their Go modules (Go {go}) into {}",
         pins.kubernetes,
         pins.etcd,
         dir.display()
@@ -252,11 +306,11 @@ pub(crate) fn ensure(root: &Path) -> Result<Toolset> {
         "  the first build on a machine takes about 15 minutes on 2 cores; later ones reuse Go's \
          build cache"
     );
-    let ldflags = version_ldflags(&pins.kubernetes);
+    let ldflags = version_ldflags(&pins.kubernetes, &helm);
     let started = Instant::now();
     for (index, tool) in TOOLS.iter().enumerate() {
         build_one(
-            &root.join(MODULE_DIR),
+            &root.join(tool.module),
             tool,
             &staging.path().join("bin"),
             &ldflags,
@@ -274,7 +328,11 @@ pub(crate) fn ensure(root: &Path) -> Result<Toolset> {
     }
     eprintln!("built in {:.0} s", started.elapsed().as_secs_f64());
     gateway_api_crds(&dir)?;
-    Ok(Toolset { pins, bin_dir })
+    Ok(Toolset {
+        pins,
+        helm,
+        bin_dir,
+    })
 }
 
 /// The Gateway API module whose standard CRDs the control-plane tier installs (so that the
@@ -365,8 +423,9 @@ fn build_one(module: &Path, tool: &Tool, out: &Path, ldflags: &str, index: usize
         let tail: Vec<&String> = messages.iter().rev().take(30).collect();
         let tail: Vec<&str> = tail.into_iter().rev().map(String::as_str).collect();
         bail!(
-            "`go build {}` in {MODULE_DIR} failed ({status}):\n{}",
+            "`go build {}` in {} failed ({status}):\n{}",
             tool.package,
+            tool.module,
             tail.join("\n")
         );
     }
@@ -397,9 +456,10 @@ pub(crate) fn run(root: &Path, print_bin_dir: bool) -> Result<()> {
         return Ok(());
     }
     println!(
-        "Kubernetes {}, etcd {} in {}",
+        "Kubernetes {}, etcd {}, Helm {} in {}",
         toolset.pins.kubernetes,
         toolset.pins.etcd,
+        toolset.helm,
         toolset.bin_dir.display()
     );
     for tool in &TOOLS {
@@ -444,6 +504,23 @@ mod tests {
     }
 
     #[test]
+    fn the_helm_module_pins_helm_and_nothing_else_is_built_from_it() {
+        let root = crate::workspace_root();
+        let text = std::fs::read_to_string(root.join(HELM_MODULE_DIR).join("go.mod")).unwrap();
+        let helm = helm_pin(&text).unwrap();
+        assert!(helm.starts_with("v4."), "{helm}");
+        assert!(text.contains("tool helm.sh/helm/v4/cmd/helm"), "{text}");
+        assert!(!root.join(HELM_MODULE_DIR).join("vendor").exists());
+        let built: Vec<&str> = TOOLS
+            .iter()
+            .filter(|tool| tool.module == HELM_MODULE_DIR)
+            .map(|tool| tool.name)
+            .collect();
+        assert_eq!(built, ["helm"]);
+        assert!(helm_pin("module x\ngo 1.26.0\n").is_err());
+    }
+
+    #[test]
     fn pins_are_read_from_require_blocks_and_lines() {
         let text = "module x\n\ngo 1.26.0\n\nrequire k8s.io/kubernetes v1.37.2 // indirect\n\
                     require (\n\tgo.etcd.io/etcd/server/v3 v3.7.0 // indirect\n)\n";
@@ -461,8 +538,9 @@ mod tests {
 
     #[test]
     fn version_stamp_names_the_release() {
-        let flags = version_ldflags("v1.37.2");
+        let flags = version_ldflags("v1.37.2", "v4.3.2");
         assert!(flags.contains("-X k8s.io/component-base/version.gitVersion=v1.37.2"));
+        assert!(flags.contains("-X helm.sh/helm/v4/internal/version.version=v4.3.2"));
         assert!(flags.contains("-X k8s.io/client-go/pkg/version.gitMinor=37"));
     }
 

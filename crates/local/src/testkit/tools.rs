@@ -29,6 +29,8 @@ pub enum Tool {
     /// `slirp4netns` (a kubelet that is not root gives its pods the host's network with it)
     /// and `setpriv` (util-linux), for a test that drops root to try that.
     Slirp4netns,
+    /// `helm` (lints and renders the chart), as `cargo xtask tools` builds it.
+    Helm,
 }
 
 impl Tool {
@@ -41,6 +43,7 @@ impl Tool {
             Self::ControlPlane => "kube-apiserver",
             Self::PodNetworks => "nft",
             Self::Slirp4netns => "slirp4netns",
+            Self::Helm => "helm",
         }
     }
 
@@ -64,7 +67,7 @@ impl Tool {
     /// How to get it.
     fn install(self) -> &'static str {
         match self {
-            Self::Kubectl | Self::ControlPlane => {
+            Self::Kubectl | Self::ControlPlane | Self::Helm => {
                 "cargo xtask tools (builds it from its Go module), then \
                  export PATH=\"$(cargo xtask tools --print-bin-dir):$PATH\" (bash .ci/run does both)"
             }
@@ -90,6 +93,7 @@ impl Tool {
             Self::Kubectl => runs("kubectl", &["version", "--client"]),
             Self::Bubblewrap => agent_sandbox_sim::bwrap_available(),
             Self::Python3 => runs("python3", &["--version"]),
+            Self::Helm => runs("helm", &["version", "--short"]),
             Self::ControlPlane => Self::control_plane_dir().is_some(),
             Self::PodNetworks => {
                 is_root()
