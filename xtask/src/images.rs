@@ -292,11 +292,14 @@ fn pushed_digest(reference: &str) -> Result<String> {
         .with_context(|| format!("no registry digest for {reference} after pushing it"))
 }
 
-/// Files whose `images:` entries carry release digests.
-pub(crate) const RELEASE_FILES: [&str; 3] = [
+/// Files whose `images:` entries (or, in the chart's values, `image:` maps) carry release
+/// digests.
+pub(crate) const RELEASE_FILES: [&str; 5] = [
     "deploy/overlays/release/kustomization.yaml",
+    "deploy/helm/agent-sandbox/values.yaml",
     "flux/release/controller.yaml",
     "flux/release/sandboxes.yaml",
+    "flux/release-helm/helmrelease.yaml",
 ];
 
 fn pin_everywhere(root: &Path, name: &str, digest: &str) -> Result<()> {
@@ -314,13 +317,15 @@ fn pin_everywhere(root: &Path, name: &str, digest: &str) -> Result<()> {
     Ok(())
 }
 
-/// Replaces the `digest:` that follows `newName: <name>` in an `images:` list.
+/// Replaces the `digest:` that follows `newName: <name>` in an `images:` list (or
+/// `repository: <name>` in the chart's values).
 pub(crate) fn pin(text: &str, name: &str, digest: &str) -> String {
     let mut out = Vec::new();
     let mut armed = false;
     for line in text.lines() {
         let trimmed = line.trim_start();
-        if trimmed.strip_prefix("newName:").map(str::trim) == Some(name) {
+        let names = |key: &str| trimmed.strip_prefix(key).map(str::trim) == Some(name);
+        if names("newName:") || names("repository:") {
             armed = true;
         } else if armed && trimmed.starts_with("digest:") {
             let indent = &line[..line.len() - trimmed.len()];
@@ -350,6 +355,12 @@ mod tests {
         assert_eq!(
             pinned,
             "images:\n  - name: a\n    newName: r.io/x/a\n    digest: sha256:00\n  - name: b\n    newName: r.io/x/b\n    digest: sha256:ff\n"
+        );
+        let values =
+            "router:\n  image:\n    repository: r.io/x/b\n    tag: \"\"\n    digest: sha256:00\n";
+        assert_eq!(
+            pin(values, "r.io/x/b", "sha256:ff"),
+            "router:\n  image:\n    repository: r.io/x/b\n    tag: \"\"\n    digest: sha256:ff\n"
         );
     }
 

@@ -181,6 +181,9 @@ fn run(cli: Cli) -> Result<()> {
             for line in manifests::check_all(&root)? {
                 println!("ok  {line}");
             }
+            for line in manifests::helm::check_chart(&root)? {
+                println!("ok  {line}");
+            }
             Ok(())
         }
         Command::Images {

@@ -150,3 +150,77 @@ pub(crate) struct OciRef {
 
 /// A Flux Kustomization.
 pub(crate) type Kustomization = Object<KustomizationSpec>;
+
+/// API version of Flux HelmReleases.
+pub(crate) const HELM_API: &str = "helm.toolkit.fluxcd.io/v2";
+
+/// `HelmRelease.spec` (helm.toolkit.fluxcd.io/v2), the fields `flux/release-helm` writes.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct HelmReleaseSpec {
+    pub(crate) interval: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) timeout: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) release_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) target_namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) storage_namespace: Option<String>,
+    pub(crate) chart: HelmChartTemplate,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) install: Option<HelmInstall>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) upgrade: Option<HelmInstall>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) values: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) depends_on: Vec<DependsOn>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) suspend: Option<bool>,
+}
+
+/// `HelmRelease.spec.chart`.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct HelmChartTemplate {
+    pub(crate) spec: HelmChartSpec,
+}
+
+/// `HelmRelease.spec.chart.spec`.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct HelmChartSpec {
+    /// A path in a GitRepository (or a chart name in a HelmRepository).
+    pub(crate) chart: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) reconcile_strategy: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) interval: Option<String>,
+    pub(crate) source_ref: SourceRef,
+}
+
+/// `HelmRelease.spec.install` and `.upgrade` (the fields both have that we use).
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct HelmInstall {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) create_namespace: Option<bool>,
+    /// `Skip`, `Create` or (upgrade) `CreateReplace`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) crds: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) remediation: Option<HelmRemediation>,
+}
+
+/// `HelmRelease.spec.install.remediation`.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct HelmRemediation {
+    pub(crate) retries: i64,
+}
+
+/// A Flux HelmRelease.
+pub(crate) type HelmRelease = Object<HelmReleaseSpec>;

@@ -16,6 +16,7 @@
 //!    `wait` and `timeout`, against a source defined next to them.
 
 pub(crate) mod flux;
+pub(crate) mod helm;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -273,6 +274,7 @@ pub(crate) fn check_strict(object: &Value) -> Result<()> {
         (API_VERSION, kinds::SANDBOX) => round_trip::<agent_sandbox_api::Sandbox>(object)
             .and_then(|()| crd_schema::<agent_sandbox_api::Sandbox>(object)),
         (flux::KUSTOMIZE_API, "Kustomization") => round_trip::<flux::Kustomization>(object),
+        (flux::HELM_API, "HelmRelease") => round_trip::<flux::HelmRelease>(object),
         (flux::SOURCE_API, "GitRepository") => {
             round_trip::<flux::Object<flux::GitRepositorySpec>>(object)
         }
