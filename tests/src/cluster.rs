@@ -12,6 +12,7 @@ use kube::{Api, ResourceExt as _};
 
 use crate::env;
 use crate::error::{Error, Result};
+use crate::plane_target::Install;
 use crate::support::{RUN_LABEL, get, wait_pool_ready};
 
 /// Which cluster to run against.
@@ -23,8 +24,8 @@ pub enum Target {
     Kubeconfig(PathBuf),
     /// A real control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler from
     /// `cargo xtask tools`, found on `PATH`) with our kubelet as its node, set up by the suite
-    /// as `deploy/` sets up a cluster.
-    ControlPlane,
+    /// as `deploy/` (or, with [`Install::Helm`], the Helm chart) sets up a cluster.
+    ControlPlane(Install),
     /// A throwaway k3s in Docker (feature `k3s`), with the images of this archive (`docker
     /// save`; default [`env::IMAGES`]).
     K3s {
@@ -39,7 +40,8 @@ impl Target {
         match self {
             Self::Sim => "the simulated cluster".to_owned(),
             Self::Kubeconfig(path) => format!("the cluster of kubeconfig {}", path.display()),
-            Self::ControlPlane => CONTROL_PLANE.to_owned(),
+            Self::ControlPlane(Install::Kustomize) => CONTROL_PLANE.to_owned(),
+            Self::ControlPlane(Install::Helm) => format!("{CONTROL_PLANE}, installed with Helm"),
             Self::K3s { .. } => "a throwaway k3s (testcontainers)".to_owned(),
         }
     }
@@ -49,7 +51,8 @@ impl Target {
         let kind = std::env::var(env::CLUSTER).unwrap_or_default();
         match kind.as_str() {
             "" | "sim" => Ok(Self::Sim),
-            "control-plane" => Ok(Self::ControlPlane),
+            "control-plane" => Ok(Self::ControlPlane(Install::Kustomize)),
+            "control-plane-helm" => Ok(Self::ControlPlane(Install::Helm)),
             "k3s" => Ok(Self::K3s {
                 images: std::env::var_os(env::IMAGES).map(PathBuf::from),
             }),
@@ -70,7 +73,8 @@ impl Target {
                 Ok(Self::Kubeconfig(path))
             }
             other => Err(Error::Config(format!(
-                "{}={other:?} is not a cluster kind: use sim, control-plane, kubeconfig or k3s",
+                "{}={other:?} is not a cluster kind: use sim, control-plane, control-plane-helm, \
+                 kubeconfig or k3s",
                 env::CLUSTER
             ))),
         }
@@ -233,7 +237,7 @@ impl ClusterUnderTest {
                     Backing::Sim(Box::new(sim)),
                 )
             }
-            Target::ControlPlane => {
+            Target::ControlPlane(install) => {
                 let bin_dir =
                     agent_sandbox_local::testkit::Tool::control_plane_dir().ok_or_else(|| {
                         Error::Config(
@@ -244,9 +248,14 @@ impl ClusterUnderTest {
                                 }),
                         )
                     })?;
-                let plane = crate::plane_target::PlaneCluster::start(&bin_dir).await?;
+                let plane =
+                    crate::plane_target::PlaneCluster::start_with(&bin_dir, *install).await?;
                 println!(
-                    "e2e: installed from deploy/overlays/kind; kubectl get deployment -A:\n{}",
+                    "e2e: {}; kubectl get deployment -A:\n{}",
+                    match install {
+                        Install::Kustomize => "installed from deploy/overlays/kind",
+                        Install::Helm => "installed from deploy/helm/agent-sandbox",
+                    },
                     plane.deployments().trim_end()
                 );
                 (

@@ -542,11 +542,21 @@ impl ControlPlane {
     /// Runs `kubectl` (the one of [`Tools`]) as the admin in the workspace's root, so that
     /// paths such as `deploy/base` resolve; its output, or an error with kubectl's own words.
     pub async fn kubectl(&self, args: &[&str]) -> Result<String> {
-        let kubectl = self.tools.path("kubectl");
+        self.run_tool("kubectl", args).await
+    }
+
+    /// `helm --kubeconfig <admin> <args>` (the `helm` next to the control plane's binaries, as
+    /// `cargo xtask tools` builds it) in the workspace root; its standard output.
+    pub async fn helm(&self, args: &[&str]) -> Result<String> {
+        self.run_tool("helm", args).await
+    }
+
+    async fn run_tool(&self, name: &str, args: &[&str]) -> Result<String> {
+        let program = self.tools.path(name);
         let root = Path::new(env!("CARGO_MANIFEST_DIR"))
             .parent()
             .unwrap_or(Path::new("."));
-        let output = tokio::process::Command::new(&kubectl)
+        let output = tokio::process::Command::new(&program)
             .arg("--kubeconfig")
             .arg(&self.admin_kubeconfig)
             .args(args)
@@ -555,10 +565,10 @@ impl ControlPlane {
             .kill_on_drop(true)
             .output()
             .await
-            .map_err(Error::io("run", &kubectl))?;
+            .map_err(Error::io("run", &program))?;
         if !output.status.success() {
             return Err(Error::Config(format!(
-                "kubectl {} failed: {}{}",
+                "{name} {} failed: {}{}",
                 args.join(" "),
                 String::from_utf8_lossy(&output.stdout).trim(),
                 String::from_utf8_lossy(&output.stderr).trim()

@@ -33,6 +33,7 @@ pub mod upstream;
 
 pub use cluster::{ClusterUnderTest, NetworkEnforcement, RouterAccess, SdkMode, Target};
 pub use error::{Error, Result};
+pub use plane_target::Install;
 
 /// Environment variables that choose and describe the cluster (`cargo xtask e2e` sets them).
 pub mod env {

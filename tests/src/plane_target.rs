@@ -9,6 +9,11 @@
 //! manifests' args and env (`fieldRef`), the signing-key Secret volume, projected
 //! ServiceAccount tokens with in-cluster configuration, and readiness and liveness probes.
 //!
+//! With [`Install::Helm`] the same system comes from the Helm chart instead
+//! (`deploy/helm/agent-sandbox`, `helm install` with the kind images and the chart's own
+//! signing-key Secret), its render first checked by the API server with strict validation, and
+//! an upgrade shown to keep the generated key.
+//!
 //! The run is inside a network namespace of its own ([`crate::netns`]), where pod IPs come
 //! from [`crate::netns::POD_NETWORK`]: the API server accepts them in EndpointSlices, so the
 //! Services have endpoints as on a node with a CNI. The Gateway API's CRDs (from `cargo xtask
@@ -40,6 +45,36 @@ const NODE: &str = "node-1";
 const STEP: Duration = Duration::from_secs(120);
 /// The overlay a user applies on kind, whose image names the kubelet maps to our binaries.
 const OVERLAY: &str = "deploy/overlays/kind";
+
+/// The chart `helm install` installs in [`Install::Helm`].
+const CHART: &str = "deploy/helm/agent-sandbox";
+/// Its release name.
+const RELEASE: &str = "agent-sandbox";
+/// The chart's values for this node: the kind overlay's images (which [`images`] maps to our
+/// binaries) and the Python template and pool of `deploy/sandboxes`.
+const CHART_VALUES: [&str; 10] = [
+    "controller.image.repository=agent-sandbox/controller",
+    "controller.image.tag=dev",
+    "controller.image.digest=",
+    "router.image.repository=agent-sandbox/router",
+    "router.image.tag=dev",
+    "router.image.digest=",
+    "sandboxes.enabled=true",
+    "sandboxes.image.repository=agent-sandbox/runtime-python",
+    "sandboxes.image.tag=dev",
+    "sandboxes.image.digest=",
+];
+
+/// How our system is installed on the control plane.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Install {
+    /// `kubectl apply -k deploy/overlays/kind`, as a user does on kind.
+    #[default]
+    Kustomize,
+    /// `helm install` of `deploy/helm/agent-sandbox`, as a user does with Helm (plus
+    /// `deploy/sandboxes/namespace-router`, which the chart does not hold).
+    Helm,
+}
 
 /// The running installation; [`PlaneCluster::stop`] (or dropping it) ends every process.
 pub struct PlaneCluster {
@@ -79,9 +114,14 @@ fn images() -> Result<ImageTable> {
 }
 
 impl PlaneCluster {
-    /// Starts the control plane from the binaries in `bin_dir` and installs our system on it.
-    /// Must run inside the network namespace of [`crate::netns::run_inside`].
+    /// Starts the control plane from the binaries in `bin_dir` and installs our system on it
+    /// with kustomize. Must run inside the network namespace of [`crate::netns::run_inside`].
     pub async fn start(bin_dir: &Path) -> Result<Self> {
+        Self::start_with(bin_dir, Install::Kustomize).await
+    }
+
+    /// [`PlaneCluster::start`], installing as `install` says.
+    pub async fn start_with(bin_dir: &Path, install: Install) -> Result<Self> {
         if !crate::netns::inside() {
             return Err(Error::Config(
                 "the control-plane tier runs in a network namespace of its own: start it \
@@ -92,20 +132,27 @@ impl PlaneCluster {
         let images = images()?;
         let plane = ControlPlane::start(Tools::in_dir(bin_dir)?, NODE).await?;
         let admin = plane.client().await?;
-        apply_crds(&plane).await?;
         let gateway_crds = gateway_api_crds(bin_dir);
         if let Some(dir) = &gateway_crds {
             apply_gateway_api(&plane, dir).await?;
         }
-        plane
-            .kubectl(&["apply", "--server-side", "--validate=strict", "-k", OVERLAY])
-            .await?;
-        // The key in agent-sandbox-system, and the same key for the router of the sandboxes'
-        // namespace (deploy/sandboxes/namespace-router), as `cargo xtask cluster up` makes them.
-        let key = agent_sandbox_local::new_secret()?;
-        for namespace in [wire::SYSTEM_NAMESPACE, wire::DEFAULT_SANDBOX_NAMESPACE] {
-            create_signing_key_secret(&admin, namespace, &key).await?;
-        }
+        let installed = match install {
+            Install::Kustomize => {
+                apply_crds(&plane).await?;
+                plane
+                    .kubectl(&["apply", "--server-side", "--validate=strict", "-k", OVERLAY])
+                    .await?;
+                // The key in agent-sandbox-system, and the same key for the router of the
+                // sandboxes' namespace (deploy/sandboxes/namespace-router), as `cargo xtask
+                // cluster up` makes them.
+                let key = agent_sandbox_local::new_secret()?;
+                for namespace in [wire::SYSTEM_NAMESPACE, wire::DEFAULT_SANDBOX_NAMESPACE] {
+                    create_signing_key_secret(&admin, namespace, &key).await?;
+                }
+                format!("installed with kubectl apply -k {OVERLAY}\n")
+            }
+            Install::Helm => install_with_helm(&plane, &admin).await?,
+        };
 
         let api: SocketAddr = plane
             .server()
@@ -173,7 +220,7 @@ impl PlaneCluster {
             .kubectl(&["get", "deployment", "-o", "wide", "--all-namespaces"])
             .await?;
         let restart = a_killed_container_restarts(&admin).await?;
-        let deployments = format!("{deployments}{restart}\n");
+        let deployments = format!("{installed}{deployments}{restart}\n");
         let router_ip = ready_router_ip(&admin).await?;
         let router_url = format!("http://{router_ip}:{}", wire::ROUTER_PORT);
         // With the Gateway API installed, the Gateway that an implementation would program in
@@ -239,6 +286,130 @@ impl PlaneCluster {
         self.kubelet.stop().await;
         self.plane.stop();
     }
+}
+
+/// Installs our system from the chart: its render goes through the API server's strict
+/// validation first (a dry run), then `helm install` (CRDs from the chart's `crds/`, the
+/// router's signing-key Secret generated by the chart), then `helm upgrade`, which must keep
+/// that key. The router of the sandboxes' namespace gets the same key. Returns a report line.
+async fn install_with_helm(plane: &ControlPlane, admin: &kube::Client) -> Result<String> {
+    let system = wire::SYSTEM_NAMESPACE;
+    let mut values = Vec::new();
+    for value in CHART_VALUES {
+        values.extend(["--set", value]);
+    }
+    let install: Vec<&str> = ["install", RELEASE, CHART, "--namespace", system]
+        .into_iter()
+        .chain(["--create-namespace"])
+        .chain(values.iter().copied())
+        .collect();
+    plane.helm(&install).await?;
+    let key = read_signing_key(admin).await?;
+    // What helm installed, as the API server validates it strictly (unknown or duplicate fields
+    // are errors): the chart's render, applied as a dry run.
+    let template: Vec<&str> = ["template", RELEASE, CHART, "--namespace", system]
+        .into_iter()
+        .chain(values.iter().copied())
+        .collect();
+    let rendered = plane.helm(&template).await?;
+    let file = plane.dir().join("chart-render.yaml");
+    std::fs::write(&file, rendered).map_err(Error::io("write", &file))?;
+    let file_arg = file.to_string_lossy().into_owned();
+    plane
+        .kubectl(&[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--dry-run=server",
+            "--validate=strict",
+            "-f",
+            &file_arg,
+        ])
+        .await?;
+    let upgrade: Vec<&str> = ["upgrade", RELEASE, CHART, "--namespace", system]
+        .into_iter()
+        .chain(["--reuse-values"])
+        .collect();
+    plane.helm(&upgrade).await?;
+    if read_signing_key(admin).await? != key {
+        return Err(Error::Config(
+            "helm upgrade replaced the router's signing key that the chart generated: \
+             every scoped token in use would stop working"
+                .to_owned(),
+        ));
+    }
+    // The router of the sandboxes' namespace (upstream's Go SDK reaches it by DNS), with the
+    // kind images, and the same key.
+    apply_namespace_router(plane).await?;
+    create_signing_key_secret(admin, wire::DEFAULT_SANDBOX_NAMESPACE, &key).await?;
+    let status = plane
+        .helm(&["status", RELEASE, "--namespace", system])
+        .await?;
+    let revision = status
+        .lines()
+        .find_map(|line| line.strip_prefix("REVISION:"))
+        .map_or_else(|| "?".to_owned(), |r| r.trim().to_owned());
+    Ok(format!(
+        "installed with helm install {CHART} (release {RELEASE}, revision {revision} after an \
+         upgrade that kept the generated signing key; its render passed the API server's strict \
+         validation)\n"
+    ))
+}
+
+/// The signing key in the router's Secret of the system namespace.
+async fn read_signing_key(client: &kube::Client) -> Result<String> {
+    let secret = Api::<Secret>::namespaced(client.clone(), wire::SYSTEM_NAMESPACE)
+        .get(wire::ROUTER_SIGNING_KEY_SECRET)
+        .await
+        .map_err(Error::kube("get the router's signing-key Secret"))?;
+    let bytes = secret
+        .data
+        .and_then(|mut data| data.remove(wire::ROUTER_SIGNING_KEY_SECRET_KEY))
+        .ok_or_else(|| {
+            Error::Config(format!(
+                "Secret {} has no {}",
+                wire::ROUTER_SIGNING_KEY_SECRET,
+                wire::ROUTER_SIGNING_KEY_SECRET_KEY
+            ))
+        })?;
+    String::from_utf8(bytes.0)
+        .map_err(|_| Error::Config("the router's signing key is not UTF-8".to_owned()))
+}
+
+/// `deploy/sandboxes/namespace-router` with the kind overlay's router image: a kustomization in
+/// the run's directory that names it (by a relative path: kustomize refuses absolute ones).
+async fn apply_namespace_router(plane: &ControlPlane) -> Result<()> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap_or(Path::new("."));
+    let dir = plane.dir().join("namespace-router");
+    std::fs::create_dir_all(&dir).map_err(Error::io("create", &dir))?;
+    let ups = dir.components().count().saturating_sub(1);
+    let target = root.join("deploy/sandboxes/namespace-router");
+    let relative = format!(
+        "{}{}",
+        "../".repeat(ups),
+        target.to_string_lossy().trim_start_matches('/')
+    );
+    let kustomization = serde_json::json!({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [relative],
+        "images": [{"name": "sandbox-router", "newName": "agent-sandbox/router", "newTag": "dev"}],
+    });
+    let file = dir.join("kustomization.yaml");
+    std::fs::write(&file, kustomization.to_string()).map_err(Error::io("write", &file))?;
+    let dir_arg = dir.to_string_lossy().into_owned();
+    plane
+        .kubectl(&[
+            "apply",
+            "--server-side",
+            "--validate=strict",
+            "-k",
+            &dir_arg,
+        ])
+        .await?;
+    Ok(())
 }
 
 /// Adds the logs of the system's pods to a failed wait, so the reason shows.

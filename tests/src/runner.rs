@@ -31,15 +31,34 @@ struct Args {
     keep: bool,
 }
 
+/// `--helm` after (or before) `--control-plane`: the tier installs with the Helm chart.
+fn with_helm(mut parsed: Args, helm: bool) -> Result<Args, String> {
+    if helm {
+        match parsed.target {
+            Some(Target::ControlPlane(_)) => {
+                parsed.target = Some(Target::ControlPlane(crate::plane_target::Install::Helm));
+            }
+            _ => return Err("--helm goes with --control-plane".to_owned()),
+        }
+    }
+    Ok(parsed)
+}
+
 fn parse(args: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut parsed = Args::default();
+    let mut helm = false;
     let mut args = args.peekable();
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--list" => parsed.list = true,
             "--keep" => parsed.keep = true,
             "--sim" => parsed.target = Some(Target::Sim),
-            "--control-plane" => parsed.target = Some(Target::ControlPlane),
+            "--control-plane" => {
+                parsed.target = Some(Target::ControlPlane(
+                    crate::plane_target::Install::Kustomize,
+                ));
+            }
+            "--helm" => helm = true,
             "--k3s" => {
                 if !matches!(parsed.target, Some(Target::K3s { .. })) {
                     parsed.target = Some(Target::K3s { images: None });
@@ -77,7 +96,7 @@ fn parse(args: impl Iterator<Item = String>) -> Result<Args, String> {
             filter => parsed.filters.push(filter.to_owned()),
         }
     }
-    Ok(parsed)
+    with_helm(parsed, helm)
 }
 
 fn jobs(args: &Args) -> usize {
@@ -106,7 +125,7 @@ pub fn wants_own_network() -> bool {
         return false;
     }
     match args.target.map_or_else(Target::from_env, Ok) {
-        Ok(Target::ControlPlane) => true,
+        Ok(Target::ControlPlane(_)) => true,
         // The simulated cluster's pods get networks of their own where this machine allows
         // (NetworkPolicies enforced, the network scenarios run): the bridge that takes, and the
         // "internet", in the run's own namespace.
@@ -330,7 +349,18 @@ mod tests {
         assert!(args(&["--jobs"]).is_err());
         let plane = args(&["--control-plane", "--keep"]).unwrap_or_default();
         assert!(plane.keep);
-        assert!(matches!(plane.target, Some(Target::ControlPlane)));
+        assert!(matches!(
+            plane.target,
+            Some(Target::ControlPlane(
+                crate::plane_target::Install::Kustomize
+            ))
+        ));
+        let helm = args(&["--helm", "--control-plane"]).unwrap_or_default();
+        assert!(matches!(
+            helm.target,
+            Some(Target::ControlPlane(crate::plane_target::Install::Helm))
+        ));
+        assert!(args(&["--helm"]).is_err());
     }
 
     #[test]

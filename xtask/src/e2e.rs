@@ -5,6 +5,7 @@
 //! - default / `--sim`: the simulated cluster, started by the suite (no Docker);
 //! - `--control-plane`: a real control plane from `cargo xtask tools` (built first when missing,
 //!   then first on the suite's `PATH`) with our kubelet as its node, started by the suite;
+//!   with `--helm`, our system is installed there with the Helm chart instead of kustomize;
 //! - `--kubeconfig PATH`: a cluster where `deploy/` is installed (`cargo xtask cluster up`);
 //! - `--k3s`: builds the images, saves them to `target/e2e-images.tar`, and lets the suite start
 //!   a throwaway k3s with testcontainers (needs Docker and kubectl).
@@ -35,6 +36,8 @@ pub(crate) struct Options {
     pub(crate) keep: bool,
     /// Name filters for the scenarios.
     pub(crate) filters: Vec<String>,
+    /// On the control-plane tier, install with `helm install` (deploy/helm/agent-sandbox).
+    pub(crate) helm: bool,
 }
 
 /// The cargo invocation that runs the suite's binary (`images`: the archive for `--k3s`).
@@ -50,7 +53,12 @@ pub(crate) fn cargo_args(options: &Options, images: Option<&Path>) -> Vec<String
     args.push("--".to_owned());
     match &options.target {
         Target::Sim => args.push("--sim".to_owned()),
-        Target::ControlPlane => args.push("--control-plane".to_owned()),
+        Target::ControlPlane => {
+            args.push("--control-plane".to_owned());
+            if options.helm {
+                args.push("--helm".to_owned());
+            }
+        }
         Target::Kubeconfig(path) => {
             args.extend(["--kubeconfig".to_owned(), path.display().to_string()]);
         }
@@ -141,6 +149,7 @@ mod tests {
             jobs: Some(2),
             keep: false,
             filters: vec!["sdk".to_owned()],
+            helm: false,
         };
         let args = cargo_args(&options, Some(Path::new("/t/images.tar")));
         let separator = args.iter().position(|a| a == "--").unwrap_or(usize::MAX);
@@ -159,6 +168,7 @@ mod tests {
                 jobs: None,
                 keep: false,
                 filters: vec![],
+                helm: false,
             },
             None,
         );
@@ -170,6 +180,7 @@ mod tests {
                 jobs: None,
                 keep: false,
                 filters: vec![],
+                helm: false,
             },
             None,
         );
@@ -180,6 +191,7 @@ mod tests {
                 jobs: None,
                 keep: true,
                 filters: vec!["cli::".to_owned()],
+                helm: false,
             },
             None,
         );
@@ -189,6 +201,17 @@ mod tests {
             "--keep".to_owned(),
             "cli::".to_owned()
         ]));
+        let helm = cargo_args(
+            &Options {
+                target: Target::ControlPlane,
+                jobs: None,
+                keep: false,
+                filters: vec![],
+                helm: true,
+            },
+            None,
+        );
+        assert!(helm.ends_with(&["--control-plane".to_owned(), "--helm".to_owned()]));
     }
 
     /// A kubeconfig that is not there is refused before anything is built.
@@ -199,6 +222,7 @@ mod tests {
             jobs: None,
             keep: false,
             filters: vec![],
+            helm: false,
         };
         let error = run(Path::new("/nonexistent"), &options).unwrap_err();
         assert!(

@@ -87,7 +87,7 @@ enum Command {
     Cluster(ClusterCommand),
     /// Run the end-to-end suite (tests/) against a cluster: the simulated one by default.
     #[command(
-        after_help = "Examples:\n  cargo xtask e2e                                # the simulated cluster (no Docker)\n  cargo xtask e2e --control-plane                # a real kube-apiserver with our kubelet (cargo xtask tools)\n  cargo xtask e2e --control-plane --keep         # ... and leave it up afterwards (prints its kubeconfig)\n  cargo xtask e2e --kubeconfig ~/.kube/config    # a cluster with deploy/ installed\n  cargo xtask e2e --k3s                          # a throwaway k3s (Docker, kubectl)\n  cargo xtask e2e -- sdk:: cli::                 # only scenarios whose name contains these"
+        after_help = "Examples:\n  cargo xtask e2e                                # the simulated cluster (no Docker)\n  cargo xtask e2e --control-plane                # a real kube-apiserver with our kubelet (cargo xtask tools)\n  cargo xtask e2e --control-plane --keep         # ... and leave it up afterwards (prints its kubeconfig)\n  cargo xtask e2e --control-plane --helm         # ... installed with the Helm chart (helm install)\n  cargo xtask e2e --kubeconfig ~/.kube/config    # a cluster with deploy/ installed\n  cargo xtask e2e --k3s                          # a throwaway k3s (Docker, kubectl)\n  cargo xtask e2e -- sdk:: cli::                 # only scenarios whose name contains these"
     )]
     E2e {
         /// The simulated cluster, started by the suite (the default).
@@ -98,6 +98,10 @@ enum Command {
         /// deploy/ applied, started and torn down by the suite.
         #[arg(long, conflicts_with_all = ["kubeconfig", "k3s"])]
         control_plane: bool,
+        /// With --control-plane: install with `helm install` of deploy/helm/agent-sandbox
+        /// instead of `kubectl apply -k deploy/overlays/kind`.
+        #[arg(long, requires = "control_plane")]
+        helm: bool,
         /// Leave the cluster the suite started up after the report (print its kubeconfig) until
         /// Ctrl-C.
         #[arg(long)]
@@ -235,6 +239,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::E2e {
             sim: _,
             control_plane,
+            helm,
             keep,
             kubeconfig,
             k3s,
@@ -254,6 +259,7 @@ fn run(cli: Cli) -> Result<()> {
                     jobs,
                     keep,
                     filters,
+                    helm,
                 },
             )
         }
