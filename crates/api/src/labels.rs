@@ -101,6 +101,10 @@ pub const ROUTER_APP_VALUE: &str = "sandbox-router";
 /// name. Read by NetworkPolicy namespace selectors.
 pub const NAMESPACE_NAME: &str = "kubernetes.io/metadata.name";
 
+/// On claims an MCP server (`sandboxctl mcp`) creates: its session id, so that it touches only
+/// its own claims. Upstream's MCP server's default key, so that tooling written for it finds ours.
+pub const MCP_SESSION: &str = "mcp.k8s-agent-sandbox/session-id";
+
 /// `kubernetes.io/service-name`: the label that ties an EndpointSlice to its Service.
 ///
 /// Written by the cluster (or the sim). Read by the SDK's port-forward mode to find a ready

@@ -135,6 +135,21 @@ The claim's expiry is printed on stderr; `sandboxctl extend CLAIM DURATION` move
   sandboxctl token sandbox-claim-x7k2q --signing-key-file key --ttl 1h
   curl -H \"Authorization: Bearer $(sandboxctl token $C)\" -H 'X-Sandbox-ID: ...' $ROUTER/")]
     Token(TokenArgs),
+    /// Serve the sandbox tools to an MCP client (Claude Code, Claude Desktop, ...): stdio by
+    /// default, streamable HTTP with --listen.
+    #[command(after_help = "Examples:
+  sandboxctl mcp --local                              # stdio, on a local cluster started for it
+  sandboxctl mcp -n team-a                            # stdio, on the current cluster's team-a
+  sandboxctl mcp --local --listen                     # HTTP at http://127.0.0.1:8765/mcp
+  sandboxctl mcp --listen 127.0.0.1:9000 --ttl 15m
+  claude mcp add sandbox -- sandboxctl mcp --local    # register it with Claude Code
+
+Tools (upstream's names and arguments): create_sandbox, delete_sandbox, execute_command,
+upload_file, download_file, list_files, file_exists; resource sandboxes://{namespace}.
+Every claim it creates expires --ttl after its last use, and is deleted when the server
+exits (stdin closed, Ctrl-C, SIGTERM) unless --keep-sandboxes. Logs go to stderr
+(SANDBOXCTL_LOG=info shows each tool call). Setup for MCP clients: docs/mcp.md.")]
+    Mcp(McpArgs),
     /// Print a shell completion script.
     #[command(after_help = "Examples:
   sandboxctl completion bash > /etc/bash_completion.d/sandboxctl
@@ -368,6 +383,56 @@ pub struct TokenArgs {
     /// How long the token is valid.
     #[arg(long, value_parser = parse_duration, value_name = "DURATION", default_value = "1h")]
     pub ttl: Duration,
+}
+
+/// `sandboxctl mcp`.
+#[derive(Debug, Args)]
+pub struct McpArgs {
+    /// Start a local cluster in this process for the server's lifetime (no kubeconfig
+    /// needed); it stops when the server does.
+    #[arg(long)]
+    pub local: bool,
+    /// Serve streamable HTTP on this address instead of stdio (at /mcp). Loopback only
+    /// unless --allow-remote; port 0 picks a free one.
+    #[arg(
+        long,
+        value_name = "ADDR",
+        num_args = 0..=1,
+        default_missing_value = agent_sandbox_mcp::DEFAULT_LISTEN
+    )]
+    pub listen: Option<std::net::SocketAddr>,
+    /// Allow --listen on an address that is not loopback. The server runs commands for
+    /// anyone who reaches it and has no authentication: only behind an authenticating proxy.
+    #[arg(long, requires = "listen")]
+    pub allow_remote: bool,
+    /// How long a sandbox lives after its last use unless create_sandbox says
+    /// (shutdown_after_seconds); every tool call on it pushes its expiry this far.
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION", default_value = "5m")]
+    pub ttl: Duration,
+    /// Label value that marks this server's claims (mcp.k8s-agent-sandbox/session-id); the
+    /// server uses no other claim. Default: a new random one. Reuse an earlier server's to
+    /// take over its sandboxes.
+    #[arg(long, value_name = "ID")]
+    pub session_id: Option<String>,
+    /// Do not delete this server's sandboxes when it exits (they still expire after --ttl).
+    #[arg(long)]
+    pub keep_sandboxes: bool,
+    /// Bytes of each of stdout and stderr execute_command returns (longer output keeps its
+    /// beginning and end, and says what was left out).
+    #[arg(long, value_name = "BYTES", default_value_t = 64 * 1024)]
+    pub max_output_bytes: usize,
+    /// Largest file download_file returns.
+    #[arg(long, value_name = "BYTES", default_value_t = 256 * 1024)]
+    pub max_file_bytes: u64,
+    /// Sandboxes kept warm in the local cluster's pool (`--local`).
+    #[arg(long, default_value_t = 2)]
+    pub replicas: i32,
+    /// Pod isolation of the local cluster (`--local`): auto, bwrap, strict, none.
+    #[arg(long, default_value = "auto")]
+    pub isolation: Isolation,
+    /// Pod networks of the local cluster (`--local`): auto, own, host.
+    #[arg(long, default_value = "auto")]
+    pub network: PodNetworks,
 }
 
 /// `sandboxctl completion`.

@@ -21,7 +21,7 @@ fn help_of_every_command() {
         .filter(|c| !c.is_hide_set() && c.get_name() != "help")
         .map(|c| c.get_name().to_owned())
         .collect();
-    assert_eq!(names.len(), 17, "{names:?}");
+    assert_eq!(names.len(), 18, "{names:?}");
     for name in names {
         let sub = command.find_subcommand_mut(&name).unwrap();
         let help = sub.render_long_help().to_string();

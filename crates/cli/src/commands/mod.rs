@@ -3,6 +3,7 @@
 
 pub mod claims;
 pub mod dev;
+pub mod mcp;
 pub mod pools;
 pub mod sandbox;
 
@@ -21,6 +22,7 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
     match cli.command {
         Command::Dev(args) => dev::dev(args).await,
         Command::Run(args) if args.local => sandbox::run_local(&global, args).await,
+        Command::Mcp(args) => mcp::mcp(&global, args).await,
         Command::Completion(args) => {
             let mut command = <Cli as clap::CommandFactory>::command();
             let mut out = std::io::stdout().lock();
@@ -49,7 +51,10 @@ pub async fn dispatch(cli: Cli) -> Result<i32> {
                 Command::Pools(args) => pools::pools(&client, args).await,
                 Command::Logs(args) => claims::logs(&client, args).await,
                 Command::Token(args) => claims::token(&client, args).await,
-                Command::Dev(_) | Command::Completion(_) | Command::Runtime(_) => Ok(0),
+                Command::Dev(_)
+                | Command::Completion(_)
+                | Command::Mcp(_)
+                | Command::Runtime(_) => Ok(0),
             };
             let router = RouterHint::of(&client.options().connection);
             outcome.map_err(|e| e.explained(client.api_url(), &router))
