@@ -142,7 +142,9 @@ impl Drop for Active {
 pub(crate) struct Cluster {
     client: kube::Client,
     pub(crate) recorder: Arc<Recorder>,
-    /// Sandboxes whose resume was sent, with when: requests arriving meanwhile send none.
+    /// Sandboxes whose resume was sent, with when: requests arriving while it wakes send none.
+    /// Forgotten once the sandbox is routable again ([`Cluster::awake`]), so a sandbox
+    /// suspended again right after it woke is woken again by the next request.
     resuming: Mutex<HashMap<Key, Instant>>,
     /// Sandboxes whose activity the router may not write (no RBAC), said once each.
     denied: Mutex<HashSet<String>>,
@@ -157,7 +159,8 @@ impl std::fmt::Debug for Cluster {
     }
 }
 
-/// How long a sent resume covers later requests before one of them sends it again.
+/// How long a sent resume covers later requests before one of them sends it again (when the
+/// sandbox has not become routable meanwhile: a lost write, a controller that is down).
 const RESUME_AGAIN: Duration = Duration::from_secs(5);
 
 impl Cluster {
@@ -211,6 +214,14 @@ impl Cluster {
             Err(error) => {
                 tracing::debug!(%namespace, %name, %error, "recording activity failed");
             }
+        }
+    }
+
+    /// `namespace/name` is routable: a resume sent for it is done with.
+    pub(crate) fn awake(&self, namespace: &str, name: &str) {
+        let mut resuming = self.resuming.lock().unwrap_or_else(PoisonError::into_inner);
+        if !resuming.is_empty() {
+            resuming.remove(&(namespace.to_owned(), name.to_owned()));
         }
     }
 

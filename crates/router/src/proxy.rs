@@ -394,7 +394,12 @@ impl Proxy {
             tokio::pin!(changed);
             changed.as_mut().enable();
             let why = match self.index.read().resolve(&routing.namespace, &routing.id) {
-                Ok(backend) => return Ok(backend),
+                Ok(backend) => {
+                    if let Some(cluster) = &self.cluster {
+                        cluster.awake(&routing.namespace, &routing.id);
+                    }
+                    return Ok(backend);
+                }
                 Err(why) => why,
             };
             if why == Unroutable::Suspended

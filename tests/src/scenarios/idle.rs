@@ -111,6 +111,27 @@ pub(super) async fn an_idle_sandbox_suspends_and_the_next_run_wakes_it(
             "after the request {name} is {:?}",
             woken.map(|s| s.spec.operating_mode)
         );
+        // Suspended again at once (seconds after the wake-up): the next request wakes it again.
+        sandbox.suspend().await.map_err(Error::sdk("suspend"))?;
+        wait_for(
+            &format!("sandbox {name} to be suspended again"),
+            IDLE_WAIT,
+            || async {
+                Ok(match get(&sandboxes, &name).await? {
+                    Some(s) if suspended(&s) => Check::Done(()),
+                    other => Check::NotYet(format!(
+                        "operatingMode {:?}",
+                        other.map(|s| s.spec.operating_mode)
+                    )),
+                })
+            },
+        )
+        .await?;
+        let third = run(&sandbox, "echo third").await?;
+        ensure!(
+            third == "third\n",
+            "the run that woke it again printed {third:?}"
+        );
         Ok(())
     }
     .await;
