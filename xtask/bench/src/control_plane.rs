@@ -3,28 +3,32 @@
 //! end-to-end suite's `--control-plane` target sets it up (`agent_sandbox_e2e::plane_target`:
 //! `deploy/overlays/kind` applied, the controller and the router as pods of their Deployments,
 //! in a network namespace of the run's own). Warm-claim latency, API writes
-//! per warm claim counted by the API server itself (`apiserver_request_total`), and a pool of
-//! 200 filled from zero.
+//! per warm claim counted by the API server itself (`apiserver_request_total`), a pool of
+//! 200 filled from zero, and the idle lifecycle's costs ([`super::idle`], through a router pod
+//! with the SDK in direct mode): a request to a suspended sandbox until its answer beside cold
+//! and warm claims, and the API writes per minute of a sandbox receiving 100 requests a second.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use agent_sandbox::{ClientOptions, ConnectionMode};
 use agent_sandbox_api::claim::SandboxWarmPoolRef;
 use agent_sandbox_api::conditions::claim as claim_cond;
 use agent_sandbox_api::sandbox::{PodTemplate, SandboxBlueprint};
 use agent_sandbox_api::warm_pool::SandboxTemplateRef;
 use agent_sandbox_api::{
     SandboxClaim, SandboxClaimSpec, SandboxTemplate, SandboxTemplateSpec, SandboxWarmPool,
-    SandboxWarmPoolSpec,
+    SandboxWarmPoolSpec, wire,
 };
 use agent_sandbox_e2e::plane_target::PlaneCluster;
 use agent_sandbox_local::testkit::Tool;
 use anyhow::{Context, Result};
-use k8s_openapi::api::core::v1::{Container, PodSpec};
+use k8s_openapi::api::core::v1::{Container, PodSpec, Secret};
 use kube::api::{DeleteParams, PostParams};
 use kube::runtime::wait::await_condition;
 use kube::{Api, Client};
 
+use super::idle::{self, Tier};
 use super::{Case, Options, Row, Samples, format_duration};
 
 /// The namespace of the bench's template and pools (that of `deploy/sandboxes`).
@@ -47,6 +51,16 @@ pub(super) fn cases() -> Vec<Case> {
             name: "control-plane/pool-200",
             about: "a pool of 200 created -> all members Ready, on a real kube-apiserver with our kubelet",
             run: pool_200,
+        },
+        Case {
+            name: "control-plane/resume-on-traffic",
+            about: "run(\"true\") to a Suspended sandbox (pod gone) -> its answer through a router pod, beside cold and warm claim -> first run, on a real kube-apiserver",
+            run: resume_on_traffic,
+        },
+        Case {
+            name: "control-plane/writes-per-minute-100rps",
+            about: "API writes per minute (router's, and all Sandbox writes from apiserver_request_total) of a sandbox receiving 100 run(\"true\") a second",
+            run: writes_per_minute,
         },
     ]
 }
@@ -303,6 +317,131 @@ async fn measure_pool(cluster: &PlaneCluster, options: Options) -> Result<Vec<Ro
             .throughput(format!("{rate:.1} sandboxes/s"))
             .notes(format!(
                 "pool created -> {replicas} Ready members (scheduled by kube-scheduler, run by our kubelet as runtime processes)"
+            )),
+    ])
+}
+
+/// An SDK client in direct mode to the router pod of [`PlaneCluster::router_url`], in [`NS`],
+/// with the routers' signing key from their Secret (they run `--auth scoped`).
+async fn sdk_client(cluster: &PlaneCluster, client: &Client) -> Result<agent_sandbox::Client> {
+    let secret = Api::<Secret>::namespaced(client.clone(), wire::SYSTEM_NAMESPACE)
+        .get(wire::ROUTER_SIGNING_KEY_SECRET)
+        .await
+        .context("failed to read the router's signing-key Secret")?;
+    let key = secret
+        .data
+        .and_then(|mut data| data.remove(wire::ROUTER_SIGNING_KEY_SECRET_KEY))
+        .context("the router's signing-key Secret has no key")?;
+    let options = ClientOptions::default()
+        .namespace(NS)
+        .connection(ConnectionMode::direct(cluster.router_url()))
+        .router_signing_key(key.0);
+    Ok(agent_sandbox::Client::from_kube(client.clone(), options))
+}
+
+const NOTES_SETUP: &str = "SDK (direct) to one router pod (--auth scoped), real kube-apiserver, kube-scheduler, our kubelet, controller and routers as pods of their Deployments";
+
+fn resume_on_traffic(_root: &std::path::Path, options: Options) -> Result<Vec<Row>> {
+    tokio_runtime()?.block_on(async {
+        let cluster = start().await?;
+        let outcome = measure_resume(&cluster, options).await;
+        cluster.stop().await;
+        outcome
+    })
+}
+
+async fn measure_resume(cluster: &PlaneCluster, options: Options) -> Result<Vec<Row>> {
+    let client = cluster.client().await?;
+    let (warm_pool, cold_pool, replicas) = ("bench-resume", "bench-cold", 5);
+    create_pool(&client, warm_pool, replicas).await?;
+    create_pool(&client, cold_pool, 0).await?;
+    let sdk = sdk_client(cluster, &client).await?;
+    let tier = Tier {
+        sdk: &sdk,
+        kube: &client,
+        namespace: NS,
+        warm_pool,
+        warm_replicas: replicas,
+        cold_pool,
+    };
+    let measured = idle::resume_on_traffic(&tier, options).await?;
+    Ok(vec![
+        Row::new("control-plane/resume-on-traffic")
+            .median(format_duration(measured.resume.median()))
+            .p99(format_duration(measured.resume.p99()))
+            .notes(format!(
+                "{} x run(\"true\") to a Suspended sandbox (suspend(), pod gone) -> its answer: the router records activity, the controller resumes it, kube-scheduler binds the new pod, our kubelet runs it, the request is forwarded; {} sandboxes in turn; same run: cold claim {} and warm claim {} (medians, claim -> first run, rows control-plane/resume-on-traffic/cold-claim and /warm-claim; also control-plane/warm-claim, create -> Ready); {NOTES_SETUP}",
+                measured.resume.len(),
+                measured.sandboxes,
+                format_duration(measured.cold.median()),
+                format_duration(measured.warm.median()),
+            )),
+        Row::new("control-plane/resume-on-traffic/cold-claim")
+            .median(format_duration(measured.cold.median()))
+            .p99(format_duration(measured.cold.p99()))
+            .notes(format!(
+                "baseline of control-plane/resume-on-traffic, same run: {} x create_sandbox from a pool of 0 (created cold) -> Ready -> first run(\"true\") answered; {NOTES_SETUP}",
+                measured.cold.len()
+            )),
+        Row::new("control-plane/resume-on-traffic/warm-claim")
+            .median(format_duration(measured.warm.median()))
+            .p99(format_duration(measured.warm.p99()))
+            .notes(format!(
+                "baseline of control-plane/resume-on-traffic, same run: {} x create_sandbox from a full pool of {replicas} -> Ready -> first run(\"true\") answered; {NOTES_SETUP}",
+                measured.warm.len()
+            )),
+    ])
+}
+
+/// Cumulative writes to Sandboxes (every subresource) from `apiserver_request_total`, by
+/// `VERB resource`.
+async fn sandbox_writes(client: &Client) -> Result<BTreeMap<String, u64>> {
+    let counts = request_counts(client).await?;
+    let mut found = BTreeMap::new();
+    for ([verb, group, resource, subresource], count) in counts {
+        if !WRITE_VERBS.contains(&verb.as_str())
+            || group != agent_sandbox_api::GROUP
+            || resource != "sandboxes"
+        {
+            continue;
+        }
+        let resource = if subresource.is_empty() {
+            resource
+        } else {
+            format!("{resource}/{subresource}")
+        };
+        *found.entry(format!("{verb} {resource}")).or_insert(0) += count;
+    }
+    Ok(found)
+}
+
+fn writes_per_minute(_root: &std::path::Path, options: Options) -> Result<Vec<Row>> {
+    tokio_runtime()?.block_on(async {
+        let cluster = start().await?;
+        let outcome = measure_writes(&cluster, options).await;
+        cluster.stop().await;
+        outcome
+    })
+}
+
+async fn measure_writes(cluster: &PlaneCluster, options: Options) -> Result<Vec<Row>> {
+    let client = cluster.client().await?;
+    let pool = "bench-busy";
+    create_pool(&client, pool, 1).await?;
+    pool_full(&client, pool, 1, Duration::from_secs(120)).await?;
+    let sdk = sdk_client(cluster, &client).await?;
+    let intervals = if options.quick { 1 } else { 2 };
+    let counts = || sandbox_writes(&client);
+    let writes =
+        idle::writes_under_load(&sdk, cluster.router_url(), pool, intervals, counts).await?;
+    Ok(vec![
+        Row::new("control-plane/writes-per-minute-100rps")
+            .median(format_duration(writes.latency.median()))
+            .p99(format_duration(writes.latency.p99()))
+            .throughput(format!("{:.0} req/s", writes.rate()))
+            .notes(writes.notes(
+                "apiserver_request_total, every component",
+                &format!("the router's counter is that of the pod the requests went through; {NOTES_SETUP}"),
             )),
     ])
 }

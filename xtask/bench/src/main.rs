@@ -14,6 +14,7 @@ mod api;
 mod cli;
 mod control_plane;
 mod controller;
+mod idle;
 mod report;
 mod router;
 mod runtime;
