@@ -1,24 +1,25 @@
-//! Compiles `src/bin/kube-sim-supervisor.rs` on its own, for the kubelet to embed (see
-//! `src/process.rs`): pods without bubblewrap run under that supervisor wherever the kubelet
-//! library is linked, so it cannot be a binary found at run time. The file uses only `std`, so
-//! plain `rustc` builds it; Cargo also builds and lints it as the `kube-sim-supervisor` target.
+//! Compiles `src/bin/pod-sandbox/` on its own, for the kubelet to embed (see `src/sandbox.rs`):
+//! every pod runs under that helper wherever the kubelet library is linked, so it cannot be a
+//! binary found at run time. It uses only `std`, so plain `rustc` builds it; Cargo also builds,
+//! lints and tests it as the `pod-sandbox` target.
 
 use std::path::PathBuf;
 use std::process::Command;
 
-const SOURCE: &str = "src/bin/kube-sim-supervisor.rs";
+const SOURCE: &str = "src/bin/pod-sandbox/main.rs";
+const DIR: &str = "src/bin/pod-sandbox";
 
 fn main() -> Result<(), String> {
-    println!("cargo::rerun-if-changed={SOURCE}");
+    println!("cargo::rerun-if-changed={DIR}");
     let var = |name: &str| std::env::var_os(name).ok_or(format!("cargo did not set {name}"));
-    let out = PathBuf::from(var("OUT_DIR")?).join("kube-sim-supervisor");
+    let out = PathBuf::from(var("OUT_DIR")?).join("pod-sandbox");
     let target = var("TARGET")?;
     let mut rustc = Command::new(var("RUSTC")?);
     rustc
         .args([
             "--edition=2024",
             "--crate-type=bin",
-            "--crate-name=kube_sim_supervisor",
+            "--crate-name=pod_sandbox",
         ])
         .args([
             "-C",

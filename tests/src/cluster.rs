@@ -218,15 +218,17 @@ impl ClusterUnderTest {
         let (description, kube, kubeconfig, network, url, gateway, backing) = match target {
             Target::Sim => {
                 let sim = crate::sim::start().await?;
-                let network = if sim.protections().network.is_none() {
-                    NetworkEnforcement::Enforced
-                } else {
-                    NetworkEnforcement::NotEnforced(format!(
-                        "the simulated cluster's pods share this machine's network here ({}): \
+                let protections = sim.protections();
+                let network =
+                    if protections.network.is_none() && protections.loopback_only.is_none() {
+                        NetworkEnforcement::Enforced
+                    } else {
+                        NetworkEnforcement::NotEnforced(format!(
+                            "the simulated cluster's pods share this machine's network here ({}): \
                          NetworkPolicies are stored and checked, but nothing enforces them",
-                        sim.protections().network.clone().unwrap_or_default()
-                    ))
-                };
+                            sim.protections().network.clone().unwrap_or_default()
+                        ))
+                    };
                 (
                     "the simulated cluster".to_owned(),
                     sim.client(),

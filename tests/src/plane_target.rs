@@ -165,10 +165,9 @@ impl PlaneCluster {
             plane.node_client().await?,
             KubeletConfig {
                 images,
-                // Bubblewrap where it works, as on the sim: the scratch directory (kubeconfigs,
-                // keys, the pods' directories) is one that bubblewrapped pods see. The
-                // Deployments' volumes need it (Secrets and tokens at absolute paths).
-                isolation: Isolation::Auto,
+                // Confined, as on the sim: the Deployments' volumes (Secrets and tokens at
+                // absolute paths) need pods with roots of their own.
+                isolation: Isolation::Confined,
                 api: Some(ApiServing {
                     listen: ([127, 0, 0, 1], 0).into(),
                     cert: credentials.serving_cert.clone(),
@@ -189,14 +188,6 @@ impl PlaneCluster {
             },
         )
         .map_err(|e| Error::Config(format!("cannot start the kubelet: {e}")))?;
-        if kubelet.isolation() != Isolation::Bwrap {
-            return Err(Error::Config(
-                "the control-plane tier runs the controller and the router from their \
-                 Deployments, whose Secret and ServiceAccount-token volumes sit at absolute \
-                 paths: that needs bubblewrap (apt-get install bubblewrap)"
-                    .to_owned(),
-            ));
-        }
         kubelet
             .start()
             .await

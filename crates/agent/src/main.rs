@@ -52,13 +52,14 @@ struct Args {
     /// Run on an in-process local cluster (no Kubernetes, no Docker), as `sandboxctl run --local`.
     #[arg(long)]
     local: bool,
-    /// With --local: pod isolation (auto: the strongest this machine supports; bwrap; strict:
-    /// refuse to start unless every protection works; none).
-    #[arg(long, default_value = "auto", requires = "local")]
+    /// With --local: pod isolation (confined: namespaces of each pod's own, or refuse to start
+    /// where pods cannot be confined; strict: refuse to start unless every protection works;
+    /// none: plain processes, NOT isolated).
+    #[arg(long, default_value = "confined", requires = "local")]
     isolation: agent_sandbox_local::Isolation,
-    /// With --local: pod networks (auto: each pod its own with NetworkPolicies enforced where
-    /// this machine allows; own: or refuse to start; host: this machine's network).
-    #[arg(long, default_value = "auto", requires = "local")]
+    /// With --local: pod networks (auto: own where this machine allows, else isolated; own: on
+    /// a bridge with NetworkPolicies enforced, or refuse to start; isolated: loopback only).
+    #[arg(long, default_value = "auto", requires = "local", value_parser = agent_sandbox_local::PodNetworks::for_users)]
     network: agent_sandbox_local::PodNetworks,
     /// The claim expires this long after the last tool call (e.g. 300s, 5m, 1h).
     #[arg(long, default_value = "5m", value_parser = parse_duration, value_name = "DURATION")]

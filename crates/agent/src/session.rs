@@ -120,16 +120,8 @@ pub async fn start_local(config: LocalConfig, ready_timeout: Duration) -> Result
             step: "start the local cluster",
             source: Box::new(source),
         })?;
-    let missing = cluster.protections().missing();
-    if !missing.is_empty() {
-        eprintln!(
-            "sandbox-agent: warning: local sandboxes lack {} (--isolation strict refuses to run \
-             without them)",
-            missing.join("; ")
-        );
-    }
-    if let Some(internet) = &cluster.protections().internet {
-        eprintln!("sandbox-agent: warning: {internet}");
+    for note in cluster.startup_notes() {
+        eprintln!("sandbox-agent: {note}");
     }
     cluster
         .wait_for_pool(1, ready_timeout, |_, _| {})

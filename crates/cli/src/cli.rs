@@ -178,14 +178,16 @@ pub struct DevArgs {
     /// Port of the router on 127.0.0.1 (0: any free port).
     #[arg(long, default_value_t = 0)]
     pub router_port: u16,
-    /// Pod isolation: auto (the strongest this machine supports), bwrap, strict (refuse to start
-    /// unless every protection works: docs/cli.md "Local mode isolation"), none.
-    #[arg(long, default_value = "auto")]
+    /// Pod isolation: confined (each pod in namespaces of its own with only this machine's
+    /// system directories, read-only; refuses to start where it cannot confine), strict (refuse
+    /// to start unless every protection works: docs/cli.md "Local mode isolation"), none (pods
+    /// run as plain processes with your rights: NOT isolated).
+    #[arg(long, default_value = "confined")]
     pub isolation: Isolation,
-    /// Pod networks of the local cluster: auto (each pod its own, NetworkPolicies enforced,
-    /// where this machine allows: ip and nft, and root or user namespaces), own (or refuse to
-    /// start), host (pods share this machine's network).
-    #[arg(long, default_value = "auto")]
+    /// Pod networks of the local cluster: auto (own where this machine allows it: ip and nft,
+    /// and root or user namespaces; else isolated), own (on a bridge, NetworkPolicies enforced;
+    /// or refuse to start), isolated (loopback only).
+    #[arg(long, default_value = "auto", value_parser = PodNetworks::for_users)]
     pub network: PodNetworks,
     /// Router authentication: token (one random bearer token), scoped (a token per sandbox,
     /// minted with a random signing key) or none.
@@ -234,14 +236,16 @@ pub struct RunArgs {
     /// Give up waiting for a ready sandbox after this long.
     #[arg(long, value_parser = parse_duration, value_name = "DURATION", default_value = "2m")]
     pub wait_timeout: Duration,
-    /// Pod isolation of the local cluster (`--local`): auto (the strongest this machine
-    /// supports), bwrap, strict (refuse to start unless every protection works), none.
-    #[arg(long, default_value = "auto")]
+    /// Pod isolation of the local cluster (`--local`): confined (each pod in namespaces of its own with only this machine's
+    /// system directories, read-only; refuses to start where it cannot confine), strict (refuse
+    /// to start unless every protection works: docs/cli.md "Local mode isolation"), none (pods
+    /// run as plain processes with your rights: NOT isolated).
+    #[arg(long, default_value = "confined")]
     pub isolation: Isolation,
-    /// Pod networks of the local cluster: auto (each pod its own, NetworkPolicies enforced,
-    /// where this machine allows: ip and nft, and root or user namespaces), own (or refuse to
-    /// start), host (pods share this machine's network).
-    #[arg(long, default_value = "auto")]
+    /// Pod networks of the local cluster: auto (own where this machine allows it: ip and nft,
+    /// and root or user namespaces; else isolated), own (on a bridge, NetworkPolicies enforced;
+    /// or refuse to start), isolated (loopback only).
+    #[arg(long, default_value = "auto", value_parser = PodNetworks::for_users)]
     pub network: PodNetworks,
     /// How to run the command.
     #[command(flatten)]
@@ -427,11 +431,11 @@ pub struct McpArgs {
     /// Sandboxes kept warm in the local cluster's pool (`--local`).
     #[arg(long, default_value_t = 2)]
     pub replicas: i32,
-    /// Pod isolation of the local cluster (`--local`): auto, bwrap, strict, none.
-    #[arg(long, default_value = "auto")]
+    /// Pod isolation of the local cluster (`--local`): confined, strict, none (NOT isolated).
+    #[arg(long, default_value = "confined")]
     pub isolation: Isolation,
-    /// Pod networks of the local cluster (`--local`): auto, own, host.
-    #[arg(long, default_value = "auto")]
+    /// Pod networks of the local cluster (`--local`): auto, own, isolated.
+    #[arg(long, default_value = "auto", value_parser = PodNetworks::for_users)]
     pub network: PodNetworks,
 }
 

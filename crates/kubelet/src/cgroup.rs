@@ -33,6 +33,8 @@ pub(crate) struct Limits {
     /// Thousandths of a CPU.
     pub(crate) cpu_milli: Option<u64>,
     pub(crate) pids: u64,
+    /// Bytes of `ephemeral-storage` (enforced by the pod's storage, not a control group).
+    pub(crate) ephemeral_storage: Option<u64>,
 }
 
 impl Limits {
@@ -62,6 +64,7 @@ impl Limits {
             memory: limit("memory")?.map(whole),
             cpu_milli: limit("cpu")?.map(|milli| u64::try_from(milli).unwrap_or(u64::MAX)),
             pids,
+            ephemeral_storage: limit("ephemeral-storage")?.map(whole),
         })
     }
 
@@ -428,14 +431,16 @@ mod tests {
 
     #[test]
     fn limits_come_from_resources_limits() {
-        let container = json!({"resources": {"limits": {"memory": "512Mi", "cpu": "500m"}}});
+        let container = json!({"resources": {"limits": {"memory": "512Mi", "cpu": "500m",
+            "ephemeral-storage": "1Gi"}}});
         let limits = Limits::from_container(&container, DEFAULT_PIDS).unwrap();
         assert_eq!(
             limits,
             Limits {
                 memory: Some(512 << 20),
                 cpu_milli: Some(500),
-                pids: DEFAULT_PIDS
+                pids: DEFAULT_PIDS,
+                ephemeral_storage: Some(1 << 30),
             }
         );
         assert_eq!(

@@ -1,18 +1,16 @@
-//! What a bubblewrapped pod is confined by, beyond its own filesystem view, and which of it this
-//! machine allows: a user namespace in which the pod's processes run as its `runAsUser` (1000 by
-//! default) with no capabilities and no further user namespaces; when the kubelet runs as root,
-//! a host uid of the pod's own (so that even outside its mount namespace it owns nothing but
-//! its files); the [`seccomp`](crate::seccomp) filter; and resource limits in a control group
-//! ([`cgroup`](crate::cgroup)). [`Protections::detect`] probes each once; the kubelet reports
-//! what is missing in one line at start-up, and `Isolation::Strict` refuses to start without
-//! all of them.
-//!
-//! bubblewrap always sets `no_new_privs` before it runs the program.
+//! What a confined pod ([`crate::sandbox`]) is protected by here, checked once per process
+//! ([`Protections::detect`]): its own user, mount, PID, IPC and UTS namespaces with a root of
+//! the host's system directories only and a capped storage, no capabilities and
+//! `no_new_privs` (always, or the kubelet refuses to start); the [`seccomp`](crate::seccomp)
+//! filter; as root, a host uid of the pod's own (so that even outside its namespaces it owns
+//! nothing but its files); resource limits in a control group ([`cgroup`](crate::cgroup)); and
+//! a network of its own. The kubelet reports what pods get and lack in one line at start-up,
+//! and `Isolation::Strict` refuses to start without all of it.
 
 use std::collections::HashSet;
 use std::io::{Seek as _, Write as _};
 use std::os::fd::OwnedFd;
-use std::process::Stdio;
+use std::path::Path;
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 use crate::cgroup::Hierarchy;
@@ -21,18 +19,17 @@ use crate::cgroup::Hierarchy;
 pub(crate) const DEFAULT_RUN_AS: u32 = 1000;
 
 /// Host uids (and gids) handed to pods when the kubelet runs as root: a range no distribution
-/// gives to users or services (`/etc/login.defs` and systemd stop far below it), below 2^31
-/// (bubblewrap writes its uid map with signed numbers).
+/// gives to users or services (`/etc/login.defs` and systemd stop far below it), below 2^31.
 const HOST_ID_BASE: u32 = 0x7000_0000;
 const HOST_ID_COUNT: u32 = 1 << 24;
 
-/// Which protections bubblewrapped pods get here.
+/// Which protections pods get here.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Protections {
-    /// Pods see only what their image provides (bubblewrap works).
-    pub filesystem: bool,
-    /// Pods run as their `runAsUser` in a user namespace, without capabilities.
-    pub user_namespace: bool,
+    /// Pods are confined ([`crate::sandbox`]): namespaces of their own, only the host's system
+    /// directories read-only, capped storage, an unprivileged user without capabilities and
+    /// `no_new_privs`. False only with `--isolation none`.
+    pub confined: bool,
     /// Each pod has a host uid of its own (the kubelet runs as root).
     pub host_ids: bool,
     /// The seccomp filter is applied.
@@ -41,57 +38,75 @@ pub struct Protections {
     pub cgroups: Option<String>,
     /// CPU limits are applied (the cgroup has the cpu controller).
     pub cpu_limits: bool,
-    /// Why pods share the node's network (`None`: each has its own, with its NetworkPolicies
-    /// enforced).
+    /// Why pods share the node's network (`None`: each has its own).
     pub network: Option<String>,
+    /// Why pods' own networks have loopback only (`None`: they are on the node's bridge, with
+    /// their NetworkPolicies enforced). Less access, not a missing protection.
+    pub loopback_only: Option<String>,
     /// Why pods with a network of their own have no internet (`None`: they have one, or share
     /// the node's network). Not a protection: `Isolation::Strict` does not ask for it.
     pub internet: Option<String>,
 }
 
+/// The outcome of the check, once per process: whether the seccomp filter works, or why pods
+/// cannot be confined here.
+static CHECKED: Mutex<Option<Result<bool, String>>> = Mutex::new(None);
+
 impl Protections {
-    /// Probes this machine (once per process; `bwrap` says whether bubblewrap works at all).
-    pub(crate) fn detect(bwrap: bool) -> Self {
-        static FOUND: OnceLock<Protections> = OnceLock::new();
-        if !bwrap {
-            return Self::none();
-        }
-        FOUND
-            .get_or_init(|| {
-                let user_namespace =
-                    probe(&["--unshare-user", "--uid", "1000", "--gid", "1000"], None);
-                let host_ids = user_namespace
-                    && is_root()
-                    && probe(
-                        &["--unshare-user", "--uid", "1000", "--gid", "1000"],
-                        Some(HOST_ID_BASE + HOST_ID_COUNT - 1),
-                    );
-                let seccomp = seccomp_works();
-                let cgroups = Hierarchy::detect();
-                Self {
-                    filesystem: true,
-                    user_namespace,
-                    host_ids,
-                    seccomp,
-                    cgroups: cgroups.map(Hierarchy::describe),
-                    cpu_limits: cgroups.is_some_and(Hierarchy::has_cpu),
-                    network: Some(shared_network()),
-                    internet: None,
+    /// Checks that pods can be confined here (once per process: a pod sandbox and a container
+    /// that builds its root are started in a directory below `scratch`, the way every pod is)
+    /// and what else this machine gives them. The error says why pods cannot be confined and
+    /// how to fix it.
+    pub(crate) fn detect(scratch: &Path) -> Result<Self, String> {
+        let seccomp = {
+            let mut checked = CHECKED.lock().unwrap_or_else(PoisonError::into_inner);
+            match &*checked {
+                Some(result) => result.clone(),
+                None => {
+                    let dir = scratch.join(format!(
+                        ".confinement-check-{}-{:08x}",
+                        std::process::id(),
+                        fastrand::u32(..)
+                    ));
+                    let result = match crate::sandbox::check(&dir, true) {
+                        Ok(()) => Ok(true),
+                        Err(with_filter) => match crate::sandbox::check(&dir, false) {
+                            Ok(()) => {
+                                tracing::warn!(error = %with_filter, "the seccomp filter does not work here");
+                                Ok(false)
+                            }
+                            Err(error) => Err(error),
+                        },
+                    };
+                    let _ = std::fs::remove_dir_all(&dir);
+                    *checked = Some(result.clone());
+                    result
                 }
-            })
-            .clone()
+            }
+        }?;
+        let cgroups = Hierarchy::detect();
+        Ok(Self {
+            confined: true,
+            host_ids: is_root(),
+            seccomp,
+            cgroups: cgroups.map(Hierarchy::describe),
+            cpu_limits: cgroups.is_some_and(Hierarchy::has_cpu),
+            network: None,
+            loopback_only: None,
+            internet: None,
+        })
     }
 
     /// Nothing (plain processes).
     pub(crate) fn none() -> Self {
         Self {
-            filesystem: false,
-            user_namespace: false,
+            confined: false,
             host_ids: false,
             seccomp: false,
             cgroups: None,
             cpu_limits: false,
-            network: Some(shared_network()),
+            network: Some("pods are plain processes".to_owned()),
+            loopback_only: None,
             internet: None,
         }
     }
@@ -99,32 +114,24 @@ impl Protections {
     /// What is missing, each as a short phrase with what it needs.
     pub fn missing(&self) -> Vec<String> {
         let mut missing = Vec::new();
-        if let Some(network) = &self.network {
-            missing.push(format!(
-                "{network}; NetworkPolicies are not enforced and pods reach the host's loopback \
-                 and private services"
-            ));
-        }
-        if !self.filesystem {
+        if !self.confined {
             missing.push(
-                "a filesystem of their own (pods see the host's files: install bubblewrap, \
-                 `apt-get install bubblewrap`)"
+                "confinement (pods run as plain processes with your user's rights:                  --isolation none was asked for)"
                     .to_owned(),
             );
             return missing;
         }
-        if !self.user_namespace {
-            missing.push(
-                "an unprivileged user (user namespaces are disabled here: \
-                 sysctl kernel.unprivileged_userns_clone=1 or user.max_user_namespaces)"
-                    .to_owned(),
-            );
-        } else if !self.host_ids {
+        if let Some(network) = &self.network {
+            missing.push(format!(
+                "a network of their own ({network}): NetworkPolicies are not enforced and pods                  reach the host's loopback and private services"
+            ));
+        }
+        if !self.host_ids {
             missing
                 .push("a host uid per pod (pods share yours; run as root for one each)".to_owned());
         }
         if !self.seccomp {
-            missing.push("a seccomp filter (bubblewrap refused it)".to_owned());
+            missing.push("a seccomp filter (the kernel refused it)".to_owned());
         }
         match &self.cgroups {
             None => missing.push(
@@ -142,21 +149,29 @@ impl Protections {
 
     /// One line for the start-up log: what pods get, and what they lack.
     pub fn summary(&self) -> String {
-        if !self.filesystem {
-            return "pods run as plain processes on the host, NOT isolated".to_owned();
+        if !self.confined {
+            return "pods run as plain processes on the host, NOT isolated (--isolation none)"
+                .to_owned();
         }
-        let mut have = vec!["own filesystem view"];
-        if self.user_namespace {
-            have.push("unprivileged user namespace, no capabilities, no_new_privs");
-        }
+        let mut have = vec![
+            "own user, mount, PID, IPC and UTS namespaces",
+            "only the host's system directories, read-only",
+            "storage capped by ephemeral-storage",
+            "an unprivileged user without capabilities, no_new_privs",
+        ];
         if self.host_ids {
             have.push("a host uid each");
         }
         if self.seccomp {
             have.push("seccomp");
         }
+        let network;
         if self.network.is_none() {
-            have.push("own network with NetworkPolicies enforced");
+            network = match &self.loopback_only {
+                Some(why) => format!("own network with loopback only ({why})"),
+                None => "own network with NetworkPolicies enforced".to_owned(),
+            };
+            have.push(&network);
         }
         let cgroups = self.cgroups.clone();
         let mut line = format!(
@@ -179,81 +194,22 @@ impl Protections {
     }
 }
 
-/// Why pods share the node's network when the kubelet was not given bridge networking.
-fn shared_network() -> String {
-    match crate::pod_net::available() {
-        Ok(()) => "a network of their own (this node shares its own with pods: pod_network Bridge \
-                   gives each one)"
-            .to_owned(),
-        Err(missing) => missing,
-    }
-}
-
-/// Whether this process's effective uid is 0.
+/// Whether this process is root of the machine: effective uid 0 in the initial user namespace
+/// (root of a user namespace, as `unshare --map-root-user` makes it, cannot hand out host uids
+/// or configure the host's network, and is treated as any other user).
 pub(crate) fn is_root() -> bool {
-    rustix::process::geteuid().is_root()
+    static ROOT: OnceLock<bool> = OnceLock::new();
+    *ROOT.get_or_init(|| {
+        rustix::process::geteuid().is_root()
+            && std::fs::read_to_string("/proc/self/uid_map")
+                .is_ok_and(|map| is_initial_uid_map(&map))
+    })
 }
 
-/// Whether `bwrap <extra> ... true` succeeds (as host uid `as_uid` when given).
-fn probe(extra: &[&str], as_uid: Option<u32>) -> bool {
-    let mut command = std::process::Command::new("bwrap");
-    command
-        .args(extra)
-        .args([
-            "--ro-bind",
-            "/usr",
-            "/usr",
-            "--symlink",
-            "usr/bin",
-            "/bin",
-            "--symlink",
-            "usr/lib",
-            "/lib",
-            "--symlink",
-            "usr/lib64",
-            "/lib64",
-            "--unshare-pid",
-            "--proc",
-            "/proc",
-            "--dev",
-            "/dev",
-            "--cap-drop",
-            "ALL",
-            "--",
-            "/usr/bin/true",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    if let Some(uid) = as_uid {
-        use std::os::unix::process::CommandExt as _;
-        command.uid(uid).gid(uid);
-    }
-    command.status().is_ok_and(|status| status.success())
-}
-
-/// Whether bubblewrap loads our filter (it needs a kernel with seccomp filters).
-fn seccomp_works() -> bool {
-    let Ok(fd) = data_fd("seccomp", &crate::seccomp::program()) else {
-        return false;
-    };
-    let number = std::os::fd::AsRawFd::as_raw_fd(&fd);
-    let mut command = std::process::Command::new("bwrap");
-    command
-        .args([
-            "--ro-bind",
-            "/",
-            "/",
-            "--seccomp",
-            &number.to_string(),
-            "--",
-            "/usr/bin/true",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    crate::process::inherit(&mut command, vec![number]);
-    command.status().is_ok_and(|status| status.success())
+/// Whether `map` (a `uid_map`) is the initial user namespace's: every id mapped to itself.
+fn is_initial_uid_map(map: &str) -> bool {
+    let fields: Vec<&str> = map.split_whitespace().collect();
+    fields == ["0", "0", "4294967295"]
 }
 
 /// A sealed-off memfd holding `data`, positioned at its start (close-on-exec: a child gets it
@@ -282,7 +238,7 @@ impl HostId {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         loop {
-            let id = HOST_ID_BASE + fastrand::u32(..HOST_ID_COUNT - 1);
+            let id = HOST_ID_BASE + fastrand::u32(..HOST_ID_COUNT / 2);
             if in_use.insert(id) {
                 return Self(id);
             }
@@ -297,6 +253,14 @@ impl Drop for HostId {
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&self.0);
     }
+}
+
+/// The host group of a namespace's pods (a root kubelet gives it to every pod of the namespace
+/// and to the namespace's claim directories): in the upper half of the host id range, derived
+/// from the name so that every kubelet start agrees; per-pod uids come from the lower half.
+pub(crate) fn namespace_group(namespace: &str) -> u32 {
+    let half = HOST_ID_COUNT / 2;
+    HOST_ID_BASE + half + agent_sandbox_api::fnv1a_32(namespace.as_bytes()) % half
 }
 
 /// `/etc/passwd` of a pod whose processes run as `uid`:`gid` with home `home`.
@@ -347,6 +311,13 @@ mod tests {
     }
 
     #[test]
+    fn only_the_initial_user_namespace_is_root() {
+        assert!(is_initial_uid_map("         0          0 4294967295\n"));
+        assert!(!is_initial_uid_map("         0       1000          1\n"));
+        assert!(!is_initial_uid_map(""));
+    }
+
+    #[test]
     fn host_ids_are_distinct_and_returned() {
         let a = HostId::allocate();
         let b = HostId::allocate();
@@ -360,18 +331,22 @@ mod tests {
     #[test]
     fn the_summary_names_what_is_missing() {
         let mut protections = Protections {
-            filesystem: true,
-            user_namespace: true,
+            confined: true,
             host_ids: false,
             seccomp: true,
             cgroups: None,
             cpu_limits: false,
             network: None,
+            loopback_only: Some("no nft here".to_owned()),
             internet: None,
         };
         let line = protections.summary();
         assert!(line.contains("MISSING: a host uid per pod"), "{line}");
         assert!(line.contains("resource limits"), "{line}");
+        assert!(
+            line.contains("own network with loopback only (no nft here)"),
+            "{line}"
+        );
         protections.host_ids = true;
         protections.cgroups = Some("cgroup v1 (memory, cpu, pids)".to_owned());
         protections.cpu_limits = true;
@@ -381,6 +356,10 @@ mod tests {
         protections.internet = Some("no internet for pods (no slirp4netns)".to_owned());
         assert!(protections.missing().is_empty());
         assert!(protections.summary().contains("no internet for pods"));
-        assert_eq!(Protections::none().missing().len(), 2);
+        // Sharing the node's network is.
+        protections.network = Some("asked for".to_owned());
+        assert_eq!(protections.missing().len(), 1);
+        assert_eq!(Protections::none().missing().len(), 1);
+        assert!(Protections::none().summary().contains("NOT isolated"));
     }
 }

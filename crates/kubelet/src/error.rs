@@ -26,11 +26,12 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
-    /// Bubblewrap isolation was asked for where bubblewrap does not work.
+    /// Pods cannot be confined on this machine (and `--isolation none` was not asked for).
     #[error(
-        "bubblewrap isolation was requested but `bwrap` is missing or cannot create namespaces here"
+        "cannot confine pods on this machine, so no pod will run: {why}. Fix that, or run pods \
+         unconfined, with your user's rights, by asking for isolation `none` (`--isolation none`)"
     )]
-    NoBwrap,
+    Unconfinable { why: String },
     /// The pods' network (bridge networking) could not be made.
     #[error("cannot give pods a network of their own: {0}")]
     PodNetwork(String),

@@ -36,7 +36,8 @@ pub struct KubeletConfig {
     pub node_name: String,
     /// Which program each image runs.
     pub images: ImageTable,
-    /// Pod process isolation (`Auto` is resolved at start).
+    /// Pod process isolation (confined by default; the kubelet refuses to start where pods
+    /// cannot be confined, unless this is `None`).
     pub isolation: Isolation,
     /// Root of the pods' directories and logs.
     pub pods_dir: PathBuf,
@@ -69,10 +70,17 @@ pub struct KubeletConfig {
     /// scheduler places pods by these figures; containers' `resources.limits` are enforced
     /// under bubblewrap where control groups can be made.
     pub capacity: NodeCapacity,
-    /// The most processes a container may have under bubblewrap (a real kubelet's
+    /// The most processes a container of a confined pod may have (a real kubelet's
     /// `--pod-max-pids`); default 4096.
     pub pod_pids_limit: u64,
+    /// The storage of a confined pod whose containers do not all set
+    /// `limits.ephemeral-storage` (bytes; default 1 GiB): its `/app`, `/tmp` and `emptyDir`
+    /// volumes share a tmpfs of this size (which counts against memory).
+    pub pod_storage_default: u64,
 }
+
+/// [`KubeletConfig::pod_storage_default`]'s default: 1 GiB.
+pub const DEFAULT_POD_STORAGE: u64 = 1 << 30;
 
 /// A Node's capacity, as quantities.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -103,20 +111,27 @@ impl NodeCapacity {
 }
 
 /// Where sockets for connections to pod IPs come from when the pods' network is not the
-/// caller's (a kubelet that is not root keeps it in a namespace of its own): the socket is
-/// made there, the connection is made with it here. See [`Kubelet::pod_sockets`].
+/// caller's (a kubelet that is not root keeps it in a namespace of its own; a pod with loopback
+/// only is reachable only from inside its own): given the pod IP to connect to, the socket is
+/// made in the right namespace, the connection is made with it here. See
+/// [`Kubelet::pod_sockets`].
 pub type PodSockets =
-    Arc<dyn Fn() -> std::io::Result<tokio::net::TcpSocket> + Send + Sync + 'static>;
+    Arc<dyn Fn(IpAddr) -> std::io::Result<tokio::net::TcpSocket> + Send + Sync + 'static>;
 
 /// Where pod IPs come from. With `Loopback` and `Local` every pod shares the node's network
 /// namespace and an IP is an address the kernel treats as local, chosen where the pod's ports
-/// are free; with `Bridge` each pod has a network namespace of its own.
+/// are free; with `Isolated` and `Bridge` each pod has a network namespace of its own.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum PodNetwork {
-    /// Random addresses in 127.1.0.1–127.254.255.254 (the default: works anywhere, but a
-    /// real API server refuses loopback addresses in EndpointSlices, so Services get no
-    /// endpoints).
+    /// A network namespace per pod with loopback only (the default: it needs nothing but user
+    /// namespaces and touches nothing of the machine's network): the pod reaches nothing and
+    /// nothing reaches it but the node, whose connections ([`Kubelet::pod_sockets`]) are made
+    /// from inside it. Its IP is a random address in 127.1.0.1–127.254.255.254, local there.
     #[default]
+    Isolated,
+    /// The node's network namespace, shared, with random addresses in
+    /// 127.1.0.1–127.254.255.254 (a real API server refuses loopback addresses in
+    /// EndpointSlices, so Services get no endpoints).
     Loopback,
     /// Addresses from this IPv4 range, which the network namespace the kubelet runs in must
     /// route locally (`ip route add local 10.244.0.0/16 dev lo`, in a namespace of its own).
@@ -171,7 +186,7 @@ impl KubeletConfig {
         Self {
             node_name: node_name.into(),
             images: ImageTable::with_defaults(),
-            isolation: Isolation::Auto,
+            isolation: Isolation::Confined,
             pods_dir: data_dir.join("pods"),
             volumes_dir: data_dir.join("volumes"),
             fast_probe_interval: Duration::from_millis(10),
@@ -182,9 +197,10 @@ impl KubeletConfig {
             exe: std::env::current_exe().ok(),
             api: None,
             kubernetes_service: None,
-            pod_network: PodNetwork::Loopback,
+            pod_network: PodNetwork::Isolated,
             capacity: NodeCapacity::default(),
             pod_pids_limit: crate::cgroup::DEFAULT_PIDS,
+            pod_storage_default: DEFAULT_POD_STORAGE,
         }
     }
 }
@@ -209,12 +225,14 @@ pub(crate) struct Context {
     pub(crate) client: kube::Client,
     pub(crate) node: String,
     pub(crate) images: ImageTable,
-    /// Run pod processes inside bubblewrap.
-    pub(crate) bwrap: bool,
-    /// What bubblewrapped pods are confined by here.
+    /// Pods are confined ([`crate::sandbox`]); plain processes otherwise.
+    pub(crate) confined: bool,
+    /// What confined pods are protected by here.
     pub(crate) protections: Protections,
     /// The most processes a container may have.
     pub(crate) pod_pids_limit: u64,
+    /// The storage of a pod that sets no ephemeral-storage limit (bytes).
+    pub(crate) pod_storage: u64,
     /// This kubelet's control group (below which each container gets one), by name.
     pub(crate) cgroup: String,
     /// The pods' bridge (bridge networking).
@@ -239,7 +257,7 @@ impl std::fmt::Debug for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Context")
             .field("node", &self.node)
-            .field("bwrap", &self.bwrap)
+            .field("confined", &self.confined)
             .field("pods_dir", &self.pods_dir)
             .finish_non_exhaustive()
     }
@@ -329,9 +347,35 @@ impl Context {
         cluster
     }
 
-    /// Where the node's own connections to pods (probes, port-forward) get their sockets.
-    pub(crate) fn pod_sockets(&self) -> Option<PodSockets> {
+    /// Where the node's own connections to pods (probes, port-forward) get their sockets:
+    /// inside the pod's namespace for pods with loopback only, in the node's namespace for
+    /// pods on the bridge of a kubelet that is not root; `None`: the caller's own.
+    pub(crate) fn pod_sockets(self: &Arc<Self>) -> Option<PodSockets> {
+        if self.pod_network == PodNetwork::Isolated && self.confined {
+            let ctx = Arc::downgrade(self);
+            return Some(Arc::new(move |ip: IpAddr| {
+                let gone = || std::io::Error::other("the kubelet has stopped");
+                let ctx = ctx.upgrade().ok_or_else(gone)?;
+                let net = ctx.pod_net_by_ip(ip).ok_or_else(|| {
+                    std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        format!("no pod of this node has IP {ip}"),
+                    )
+                })?;
+                net.tcp_socket()
+            }));
+        }
         self.bridge.as_ref()?.sockets()
+    }
+
+    /// The network namespace of the pod with IP `ip`, if this node runs one.
+    fn pod_net_by_ip(&self, ip: IpAddr) -> Option<Arc<crate::pod_net::PodNet>> {
+        self.pods
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .find(|pod| pod.ip.map(IpAddr::V4) == Some(ip))
+            .and_then(|pod| pod.net.clone())
     }
 
     /// The rules every pod's namespace has apart from its policies.
@@ -406,9 +450,25 @@ impl Kubelet {
     /// A kubelet for `config` talking to the API through `client`; nothing runs until
     /// [`Kubelet::start`].
     pub fn new(client: kube::Client, config: KubeletConfig) -> Result<Self> {
-        let isolation = config.isolation.resolve().ok_or(Error::NoBwrap)?;
-        let mut protections = Protections::detect(isolation == Isolation::Bwrap);
-        let bridge = match config.pod_network {
+        for dir in [&config.pods_dir, &config.volumes_dir] {
+            std::fs::create_dir_all(dir).map_err(|source| Error::PodsDir {
+                path: dir.clone(),
+                source,
+            })?;
+        }
+        let confined = config.isolation != Isolation::None;
+        let mut protections = if confined {
+            Protections::detect(&config.pods_dir).map_err(|why| Error::Unconfinable { why })?
+        } else {
+            Protections::none()
+        };
+        // Plain processes have no namespace of their own to be isolated in: they share the
+        // node's network.
+        let pod_network = match config.pod_network {
+            PodNetwork::Isolated | PodNetwork::Bridge { .. } if !confined => PodNetwork::Loopback,
+            other => other,
+        };
+        let bridge = match pod_network {
             PodNetwork::Bridge {
                 network,
                 prefix,
@@ -416,21 +476,28 @@ impl Kubelet {
             } => Some(
                 crate::pod_net::Bridge::create(network, prefix, api).map_err(Error::PodNetwork)?,
             ),
-            PodNetwork::Loopback | PodNetwork::Local { .. } => None,
+            PodNetwork::Loopback | PodNetwork::Local { .. } | PodNetwork::Isolated => None,
         };
-        if let Some(bridge) = &bridge {
-            protections.network = None;
-            protections.internet = bridge.no_internet().map(str::to_owned);
+        if confined {
+            match (&bridge, pod_network) {
+                (Some(bridge), _) => {
+                    protections.internet = bridge.no_internet().map(str::to_owned);
+                }
+                (None, PodNetwork::Isolated) => {
+                    protections.loopback_only = Some(match PodNetwork::bridge_available() {
+                        Ok(()) => "no bridge was asked for".to_owned(),
+                        Err(why) => format!("no bridge here: {why}"),
+                    });
+                }
+                (None, _) => {
+                    protections.network =
+                        Some("this node shares its own network with pods".to_owned());
+                }
+            }
         }
         let missing = protections.missing();
         if config.isolation == Isolation::Strict && !missing.is_empty() {
             return Err(Error::NotStrict { missing });
-        }
-        for dir in [&config.pods_dir, &config.volumes_dir] {
-            std::fs::create_dir_all(dir).map_err(|source| Error::PodsDir {
-                path: dir.clone(),
-                source,
-            })?;
         }
         let api = config.api.as_ref().map(server::bind).transpose()?;
         let api_addr = api.as_ref().and_then(server::Bound::local_addr);
@@ -440,9 +507,10 @@ impl Kubelet {
             client,
             node: config.node_name.clone(),
             images: config.images,
-            bwrap: isolation == Isolation::Bwrap,
+            confined,
             protections,
             pod_pids_limit: config.pod_pids_limit,
+            pod_storage: config.pod_storage_default,
             bridge,
             policies: Mutex::new(crate::netpol::Cluster::default()),
             applying_policies: Mutex::new(()),
@@ -458,7 +526,7 @@ impl Kubelet {
             processes: Arc::new(ProcessTable::default()),
             exe: config.exe,
             kubernetes_service: config.kubernetes_service,
-            pod_network: config.pod_network,
+            pod_network,
             events,
             pods: Mutex::new(HashMap::new()),
         });
@@ -524,10 +592,10 @@ impl Kubelet {
         &self.ctx.node
     }
 
-    /// Whether pods run in bubblewrap (the configured isolation, resolved).
+    /// Whether pods are confined (`Confined`) or plain processes (`None`).
     pub fn isolation(&self) -> Isolation {
-        if self.ctx.bwrap {
-            Isolation::Bwrap
+        if self.ctx.confined {
+            Isolation::Confined
         } else {
             Isolation::None
         }
@@ -575,8 +643,8 @@ impl Kubelet {
     }
 
     /// Where sockets for connections to pod IPs come from, when pods are in a network the
-    /// caller's process is not in (bridge networking without root); `None`: connect as usual.
-    /// An in-process router of a kubelet that is not root dials pods with these.
+    /// caller's process is not in (pods with loopback only; bridge networking without root);
+    /// `None`: connect as usual. An in-process router dials pods with these.
     pub fn pod_sockets(&self) -> Option<PodSockets> {
         self.ctx.pod_sockets()
     }
@@ -598,7 +666,7 @@ impl Kubelet {
         tasks.abort_all();
         while tasks.join_next().await.is_some() {}
         self.ctx.processes.kill_all();
-        if self.ctx.bwrap
+        if self.ctx.confined
             && let Some(hierarchy) = crate::cgroup::Hierarchy::detect()
         {
             hierarchy.remove_kubelet(&self.ctx.cgroup);

@@ -4,7 +4,9 @@
 //!
 //! [`Kubelet`] registers its Node and renews its heartbeat Lease ([`node`]), watches the pods
 //! bound to it and runs each in a worker ([`pod`]) that starts its containers as process groups
-//! ([`process`], optionally in bubblewrap) chosen through the [`ImageTable`] ([`images`]), sets
+//! ([`process`]), confined in a sandbox of the pod's own ([`sandbox`]: namespaces, a root of
+//! the host's system directories, capped storage) unless `Isolation::None` says otherwise,
+//! chosen through the [`ImageTable`] ([`images`]), sets
 //! up the volumes they mount (ConfigMap, Secret, downward-API and projected ServiceAccount-token
 //! volumes: [`volumes`]), gives the pod an address of the [`PodNetwork`] as its IP ([`net`]),
 //! runs readiness and liveness probes ([`probe`]), patches
@@ -36,6 +38,7 @@ mod policies;
 pub mod portforward;
 mod probe;
 mod process;
+mod sandbox;
 mod seccomp;
 mod server;
 pub mod spdy;
@@ -44,7 +47,17 @@ mod volumes;
 pub use confine::Protections;
 pub use error::{Error, Result};
 pub use images::{DefaultReadiness, ImageEntry, ImageTable, Program, runtime_entry};
-pub use kubelet::{Kubelet, KubeletConfig, NodeCapacity, PodKey, PodNetwork, PodSockets};
+pub use kubelet::{
+    DEFAULT_POD_STORAGE, Kubelet, KubeletConfig, NodeCapacity, PodKey, PodNetwork, PodSockets,
+};
 pub use logs::{LogOptions, LogStream};
-pub use process::{Isolation, bwrap_available};
+pub use process::Isolation;
+
+/// Whether pods can be confined on this machine (checked once per process, as a kubelet
+/// checks at start: a pod sandbox and a container are started in a scratch directory); the
+/// error says why not and how to fix it.
+pub fn confinement() -> std::result::Result<(), String> {
+    let scratch = std::env::temp_dir();
+    Protections::detect(&scratch).map(|_| ())
+}
 pub use server::ApiServing;

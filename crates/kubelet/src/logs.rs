@@ -16,9 +16,12 @@ const FOLLOW_POLL: Duration = Duration::from_millis(100);
 #[derive(Clone, Debug)]
 pub(crate) struct PodPaths {
     pub(crate) root: PathBuf,
-    /// The pod's own directory (`/app` under bubblewrap).
+    /// The directory plain (unconfined) processes run in.
     pub(crate) app: PathBuf,
     pub(crate) logs: PathBuf,
+    /// Where a confined pod's storage is mounted, in its own mount namespace (on the host, an
+    /// empty directory).
+    pub(crate) storage: PathBuf,
 }
 
 /// The directories of a pod under `pods_dir`.
@@ -27,6 +30,7 @@ pub(crate) fn pod_paths(pods_dir: &Path, namespace: &str, name: &str, uid: &str)
     PodPaths {
         app: root.join("app"),
         logs: root.join("logs"),
+        storage: root.join("storage"),
         root,
     }
 }

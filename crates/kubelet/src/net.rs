@@ -31,7 +31,7 @@ pub(crate) fn candidate() -> Ipv4Addr {
 /// address (the first is where a gateway would be).
 fn candidate_in(network: PodNetwork) -> Ipv4Addr {
     match network {
-        PodNetwork::Loopback => candidate(),
+        PodNetwork::Loopback | PodNetwork::Isolated => candidate(),
         PodNetwork::Local { network, prefix }
         | PodNetwork::Bridge {
             network, prefix, ..
@@ -83,7 +83,9 @@ pub(crate) fn allocate(network: PodNetwork, ports: &[u16]) -> Option<PodIp> {
             reserved.insert(ip);
         }
         // A pod with a network namespace of its own has every port free.
-        if matches!(network, PodNetwork::Bridge { .. }) || ports_free(ip, ports) {
+        if matches!(network, PodNetwork::Bridge { .. } | PodNetwork::Isolated)
+            || ports_free(ip, ports)
+        {
             return Some(PodIp(ip));
         }
         release(ip);

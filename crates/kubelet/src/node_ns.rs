@@ -27,18 +27,20 @@ const UPLINK: &str = "tap0";
 /// How long `slirp4netns` gets to say it is ready.
 const SLIRP_READY: Duration = Duration::from_secs(10);
 
-/// Requests to the helper (one byte each).
+/// Requests to the helper (one byte each; `MAKE_SOCKET_IN` passes a network namespace).
 const MAKE_SOCKET: u8 = b's';
 const MAKE_NAMESPACE: u8 = b'n';
+const MAKE_SOCKET_IN: u8 = b'i';
 
 /// The helper's steps, named in its start-up error.
-const STEPS: [&str; 6] = [
+const STEPS: [&str; 7] = [
     "",
     "making a user namespace",
     "denying setgroups in it",
     "writing its gid map",
     "writing its uid map",
     "making a network namespace",
+    "bringing up its loopback interface",
 ];
 
 /// The node namespace of this process's kubelets (one, shared, so that pods of several
@@ -105,7 +107,6 @@ impl NodeNamespace {
             slirp: Mutex::new(None),
             _slirp_exit: None,
         };
-        node.run(&["ip", "link", "set", "lo", "up"])?;
         match node.start_slirp() {
             Ok((child, exit)) => {
                 *node.slirp.get_mut().unwrap_or_else(PoisonError::into_inner) = Some(child);
@@ -131,9 +132,18 @@ impl NodeNamespace {
         self.ask(MAKE_SOCKET)
     }
 
-    /// A new network namespace (owned by the node's user namespace), held by the descriptor.
+    /// A new network namespace (owned by the node's user namespace, its loopback up), held by
+    /// the descriptor.
     pub(crate) fn new_namespace(&self) -> io::Result<OwnedFd> {
         self.ask(MAKE_NAMESPACE)
+    }
+
+    /// A new IPv4 TCP socket (non-blocking) in the network namespace `net`, one of
+    /// [`NodeNamespace::new_namespace`]'s.
+    pub(crate) fn tcp_socket_in(&self, net: RawFd) -> io::Result<tokio::net::TcpSocket> {
+        let stream = std::net::TcpStream::from(self.ask_with(MAKE_SOCKET_IN, Some(net))?);
+        stream.set_nonblocking(true)?;
+        Ok(tokio::net::TcpSocket::from_std_stream(stream))
     }
 
     /// A listener on `addr` in the node's network namespace.
@@ -171,6 +181,11 @@ impl NodeNamespace {
     }
 
     fn ask(&self, request: u8) -> io::Result<OwnedFd> {
+        self.ask_with(request, None)
+    }
+
+    /// Sends `request` (passing `passed` along) and returns the descriptor answered.
+    fn ask_with(&self, request: u8, passed: Option<RawFd>) -> io::Result<OwnedFd> {
         let control = self.control.lock().unwrap_or_else(PoisonError::into_inner);
         let fd = control
             .as_ref()
@@ -180,7 +195,7 @@ impl NodeNamespace {
         // the calls.
         #[allow(unsafe_code)]
         unsafe {
-            if libc::send(fd, (&raw const request).cast(), 1, libc::MSG_NOSIGNAL) != 1 {
+            if !send(fd, request, passed) {
                 return Err(helper_gone(io::Error::last_os_error()));
             }
             let (status, errno, passed) = receive(fd)?;
@@ -189,18 +204,6 @@ impl NodeNamespace {
                 _ => Err(io::Error::from_raw_os_error(errno)),
             }
         }
-    }
-
-    /// Runs `argv` in the node's namespaces and returns an error with its output.
-    pub(crate) fn run(&self, argv: &[&str]) -> Result<(), String> {
-        crate::pod_net::run_in(
-            Some(self.user_fd()),
-            Some(self.net_fd()),
-            &[],
-            argv[0],
-            &argv[1..],
-            None,
-        )
     }
 
     /// Starts `slirp4netns` for the node namespace and waits until it is ready; the error says
@@ -427,10 +430,9 @@ fn fork_helper() -> Result<(i32, OwnedFd), String> {
                 "without root, {step} failed: {}{}",
                 io::Error::from_raw_os_error(errno),
                 if step == STEPS[1] {
-                    " (user namespaces are disabled here: sysctl kernel.unprivileged_userns_clone=1 \
-                     or user.max_user_namespaces)"
+                    format!(" ({})", crate::sandbox::spec::USERNS_DISABLED_HINT)
                 } else {
-                    ""
+                    String::new()
                 }
             ))
         }
@@ -492,10 +494,14 @@ unsafe fn helper(control: RawFd, null: RawFd, uid_map: &[u8], gid_map: &[u8]) ->
         if node < 0 {
             fail(5);
         }
+        if !crate::pod_net::loopback_up() {
+            fail(6);
+        }
         answer(CONTROL, 0, 0, None);
         loop {
             let mut request = 0u8;
-            let received = libc::recv(CONTROL, (&raw mut request).cast(), 1, 0);
+            let mut passed: RawFd = -1;
+            let received = receive_request(CONTROL, &mut request, &mut passed);
             if received == 0 {
                 libc::_exit(0);
             }
@@ -509,8 +515,22 @@ unsafe fn helper(control: RawFd, null: RawFd, uid_map: &[u8], gid_map: &[u8]) ->
                 MAKE_SOCKET => {
                     libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0)
                 }
+                MAKE_SOCKET_IN if passed >= 0 => {
+                    if libc::setns(passed, libc::CLONE_NEWNET) != 0 {
+                        -1
+                    } else {
+                        let made =
+                            libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+                        let errno = *libc::__errno_location();
+                        if libc::setns(node, libc::CLONE_NEWNET) != 0 {
+                            libc::_exit(1);
+                        }
+                        *libc::__errno_location() = errno;
+                        made
+                    }
+                }
                 MAKE_NAMESPACE => {
-                    if libc::unshare(libc::CLONE_NEWNET) != 0 {
+                    if libc::unshare(libc::CLONE_NEWNET) != 0 || !crate::pod_net::loopback_up() {
                         -1
                     } else {
                         let made = libc::open(
@@ -531,6 +551,11 @@ unsafe fn helper(control: RawFd, null: RawFd, uid_map: &[u8], gid_map: &[u8]) ->
                     -1
                 }
             };
+            if passed >= 0 {
+                let errno = *libc::__errno_location();
+                libc::close(passed);
+                *libc::__errno_location() = errno;
+            }
             if made < 0 {
                 answer(CONTROL, 1, *libc::__errno_location(), None);
             } else {
@@ -555,6 +580,66 @@ unsafe fn write_file(path: &std::ffi::CStr, data: &[u8]) -> bool {
         libc::close(fd);
         *libc::__errno_location() = saved;
         usize::try_from(written).is_ok_and(|n| n == data.len())
+    }
+}
+
+/// Sends request `request` (with the descriptor `passed`, if any) to the helper over `fd`;
+/// whether it was sent.
+#[allow(unsafe_code)]
+unsafe fn send(fd: RawFd, request: u8, passed: Option<RawFd>) -> bool {
+    let mut data = [request];
+    let mut iov = libc::iovec {
+        iov_base: data.as_mut_ptr().cast(),
+        iov_len: data.len(),
+    };
+    let mut space = [0u64; 8];
+    // SAFETY: a zeroed msghdr is valid; every pointer set outlives the call; the control
+    // message fits in `space`.
+    unsafe {
+        let mut message: libc::msghdr = std::mem::zeroed();
+        message.msg_iov = &raw mut iov;
+        message.msg_iovlen = 1;
+        if let Some(passed) = passed {
+            message.msg_control = space.as_mut_ptr().cast();
+            message.msg_controllen = libc::CMSG_SPACE(4) as _;
+            let header = libc::CMSG_FIRSTHDR(&raw const message);
+            (*header).cmsg_level = libc::SOL_SOCKET;
+            (*header).cmsg_type = libc::SCM_RIGHTS;
+            (*header).cmsg_len = libc::CMSG_LEN(4) as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(header).cast::<RawFd>(), passed);
+        }
+        libc::sendmsg(fd, &raw const message, libc::MSG_NOSIGNAL) == 1
+    }
+}
+
+/// Receives one request in the helper (system calls only): its byte into `request`, a passed
+/// descriptor into `passed`; recvmsg's result.
+#[allow(unsafe_code)]
+unsafe fn receive_request(fd: RawFd, request: &mut u8, passed: &mut RawFd) -> isize {
+    let mut iov = libc::iovec {
+        iov_base: (request as *mut u8).cast(),
+        iov_len: 1,
+    };
+    let mut space = [0u64; 8];
+    // SAFETY: a zeroed msghdr is valid; the pointers set outlive the call; the control
+    // messages read are the kernel's, within `space`.
+    unsafe {
+        let mut message: libc::msghdr = std::mem::zeroed();
+        message.msg_iov = &raw mut iov;
+        message.msg_iovlen = 1;
+        message.msg_control = space.as_mut_ptr().cast();
+        message.msg_controllen = std::mem::size_of_val(&space) as _;
+        let received = libc::recvmsg(fd, &raw mut message, libc::MSG_CMSG_CLOEXEC);
+        if received > 0 {
+            let header = libc::CMSG_FIRSTHDR(&raw const message);
+            if !header.is_null()
+                && (*header).cmsg_level == libc::SOL_SOCKET
+                && (*header).cmsg_type == libc::SCM_RIGHTS
+            {
+                *passed = std::ptr::read_unaligned(libc::CMSG_DATA(header).cast());
+            }
+        }
+        received
     }
 }
 

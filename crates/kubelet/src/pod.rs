@@ -29,6 +29,7 @@ use crate::node::error_chain;
 use crate::pod_status::{self, ContainerInfo, PodInfo, State, Terminated};
 use crate::probe::{self, Probe};
 use crate::process::{self, Identity, LaunchSpec, Mount, POD_DIR_IN_SANDBOX, Split};
+use crate::sandbox::{PodPlan, PodSandbox};
 use crate::volumes::{self, Refs, Tokens};
 
 /// Restart back-off: doubles from this, capped at [`MAX_BACKOFF`].
@@ -87,8 +88,10 @@ struct Worker {
     paths: PodPaths,
     ip: Option<Ipv4Addr>,
     /// The host uid and gid of the pod's processes and files, when the kubelet gives each pod
-    /// one (bubblewrap with user namespaces, as root).
+    /// one (confined pods, as root).
     host_id: Option<HostId>,
+    /// The pod's sandbox (confined pods), once made.
+    sandbox: Option<Arc<PodSandbox>>,
     info: PodInfo,
     init_specs: Vec<Value>,
     specs: Vec<Value>,
@@ -280,7 +283,7 @@ impl Worker {
             initialized: init_specs.is_empty(),
             ..PodInfo::default()
         };
-        let host_id = (ctx.bwrap && ctx.protections.host_ids).then(HostId::allocate);
+        let host_id = (ctx.confined && ctx.protections.host_ids).then(HostId::allocate);
         let restart_policy = pod
             .pointer("/spec/restartPolicy")
             .and_then(Value::as_str)
@@ -305,6 +308,7 @@ impl Worker {
             namespace,
             name,
             host_id,
+            sandbox: None,
             paths,
             ip: None,
             info,
@@ -419,6 +423,15 @@ impl Worker {
     /// Prepares the pod (images, IP, directories) and starts the first containers. Returns
     /// false when the pod cannot start (it then waits for deletion).
     async fn start(&mut self) -> bool {
+        // Before anything is made: a name that would become a host path outside the kubelet's
+        // directories fails the pod.
+        if let Err(message) = volumes::validate_names(&self.pod) {
+            self.event("Warning", "FailedCreatePodSandBox", &message);
+            self.info.terminal = Some("Failed".into());
+            self.info.message = Some(message);
+            self.write_status();
+            return false;
+        }
         let mut ports: Vec<u16> = Vec::new();
         let mut missing = false;
         for (init, index, container) in self.all_containers() {
@@ -468,19 +481,7 @@ impl Worker {
             return false;
         };
         self.ip = Some(ip.0);
-        for dir in [self.paths.app.clone(), self.paths.logs.clone()] {
-            if let Err(error) = std::fs::create_dir_all(&dir) {
-                self.event(
-                    "Warning",
-                    "FailedCreatePodSandBox",
-                    &format!("cannot create {}: {error}", dir.display()),
-                );
-                self.write_status();
-                return false;
-            }
-        }
-        // The pod's directory is its processes' (its host uid's), and theirs alone.
-        if let Err(error) = self.own(&self.paths.app) {
+        if let Err(error) = self.make_dirs() {
             self.event("Warning", "FailedCreatePodSandBox", &error);
             self.write_status();
             return false;
@@ -491,6 +492,11 @@ impl Worker {
             pod.peer = peer;
         });
         if let Err(error) = self.make_network(ip.0).await {
+            self.event("Warning", "FailedCreatePodSandBox", &error);
+            self.write_status();
+            return false;
+        }
+        if let Err(error) = self.make_sandbox().await {
             self.event("Warning", "FailedCreatePodSandBox", &error);
             self.write_status();
             return false;
@@ -546,10 +552,30 @@ impl Worker {
         }
     }
 
-    /// Gives the pod its network namespace (bridge networking, bubblewrap only), its rules in
-    /// place before anything runs there, and updates the other pods' rules for its address.
+    /// Gives the pod its network namespace (confined pods): loopback only, or on the bridge
+    /// with its rules in place before anything runs there (and the other pods' rules updated
+    /// for its address).
     async fn make_network(&self, ip: Ipv4Addr) -> Result<(), String> {
-        if !self.ctx.bwrap || self.ctx.bridge.is_none() {
+        if !self.ctx.confined {
+            return Ok(());
+        }
+        if self.ctx.pod_network == crate::kubelet::PodNetwork::Isolated {
+            let ctx = self.ctx.clone();
+            let uid = self.key.uid.clone();
+            return tokio::task::spawn_blocking(move || {
+                let node = if crate::confine::is_root() {
+                    None
+                } else {
+                    Some(crate::node_ns::NodeNamespace::shared()?)
+                };
+                let net = crate::pod_net::PodNet::isolated(node)?;
+                ctx.set_pod_net(&uid, Arc::new(net));
+                Ok(())
+            })
+            .await
+            .map_err(|error| format!("making the pod's network: {error}"))?;
+        }
+        if self.ctx.bridge.is_none() {
             return Ok(());
         }
         let ctx = self.ctx.clone();
@@ -569,18 +595,126 @@ impl Worker {
         .map_err(|error| format!("making the pod's network: {error}"))?
     }
 
-    /// Gives `dir` (and what is in it) to the pod's host uid, mode 0700 at the top, when the pod
-    /// has one; nothing otherwise.
-    fn own(&self, dir: &std::path::Path) -> Result<(), String> {
-        let Some(HostId(id)) = self.host_id else {
+    /// Makes the pod's directories on the host: its own (traversable, so that a root
+    /// kubelet's pod uid reaches its storage's mount point), the storage's mount point (confined
+    /// pods), its logs and, for plain processes, the directory they run in.
+    fn make_dirs(&self) -> Result<(), String> {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mut dirs = vec![self.paths.root.clone(), self.paths.logs.clone()];
+        dirs.push(if self.ctx.confined {
+            self.paths.storage.clone()
+        } else {
+            self.paths.app.clone()
+        });
+        for dir in dirs {
+            std::fs::create_dir_all(&dir)
+                .map_err(|error| format!("cannot create {}: {error}", dir.display()))?;
+        }
+        if self.ctx.confined {
+            for dir in [&self.paths.root, &self.paths.storage] {
+                std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711)).map_err(
+                    |error| format!("cannot set the mode of {}: {error}", dir.display()),
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The host group every pod of the namespace has (a root kubelet's), which owns the
+    /// namespace's claim directories: derived from the namespace's name, so it is the same on
+    /// every start.
+    fn namespace_group(&self) -> Option<u32> {
+        self.host_id
+            .as_ref()
+            .map(|_| crate::confine::namespace_group(&self.namespace))
+    }
+
+    /// Starts the pod's sandbox (confined pods): its user, mount, IPC and UTS namespaces and
+    /// its storage, the size of its ephemeral-storage limit.
+    async fn make_sandbox(&mut self) -> Result<(), String> {
+        if !self.ctx.confined {
             return Ok(());
+        }
+        let identity = self.pod_identity();
+        let names = |specs: &[Value]| -> Vec<String> {
+            specs
+                .iter()
+                .filter_map(|c| c.get("name").and_then(Value::as_str).map(str::to_owned))
+                .collect()
         };
-        volumes::chown_tree(dir, id)
-            .and_then(|()| {
-                use std::os::unix::fs::PermissionsExt as _;
-                std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-            })
-            .map_err(|error| format!("cannot give {} to the pod's user: {error}", dir.display()))
+        let mut containers = names(&self.init_specs);
+        containers.extend(names(&self.specs));
+        let empty_dirs: Vec<String> = self
+            .pod
+            .pointer("/spec/volumes")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter(|v| v.get("emptyDir").is_some())
+            .filter_map(|v| v.get("name").and_then(Value::as_str).map(str::to_owned))
+            .collect();
+        let plan = PodPlan {
+            uid: identity.uid,
+            gid: identity.gid,
+            hostname: self.hostname(),
+            storage: self.paths.storage.clone(),
+            storage_size: self.storage_size()?,
+            dirs: crate::sandbox::storage_dirs(&containers, &empty_dirs),
+            host_id: self.host_id.as_ref().map(|id| id.0),
+            groups: self.namespace_group().into_iter().collect(),
+        };
+        let net = self.ctx.pod_net(&self.key.uid);
+        let table = self.ctx.processes.clone();
+        let sandbox = tokio::task::spawn_blocking(move || PodSandbox::start(&plan, net, &table))
+            .await
+            .map_err(|error| format!("starting the pod's sandbox: {error}"))?
+            .map_err(|error| format!("cannot start the pod's sandbox: {error}"))?;
+        self.sandbox = Some(Arc::new(sandbox));
+        Ok(())
+    }
+
+    /// The size of the pod's storage: the sum of its containers' `limits.ephemeral-storage`
+    /// when every container sets one, else the node's default for pods.
+    fn storage_size(&self) -> Result<u64, String> {
+        let mut total: u64 = 0;
+        for container in &self.specs {
+            match Limits::from_container(container, self.ctx.pod_pids_limit)?.ephemeral_storage {
+                Some(bytes) => total = total.saturating_add(bytes),
+                None => return Ok(self.ctx.pod_storage),
+            }
+        }
+        Ok(if total == 0 {
+            self.ctx.pod_storage
+        } else {
+            total
+        })
+    }
+
+    /// The pod's hostname: `spec.hostname` when set, else its name.
+    fn hostname(&self) -> String {
+        self.pod
+            .pointer("/spec/hostname")
+            .and_then(Value::as_str)
+            .unwrap_or(&self.name)
+            .to_owned()
+    }
+
+    /// Who the pod's processes are in its user namespace: `runAsUser`/`runAsGroup` of the pod,
+    /// else of its first container, else [`DEFAULT_RUN_AS`].
+    fn pod_identity(&self) -> Identity {
+        let first = self.init_specs.first().or(self.specs.first());
+        let id = |field: &str| {
+            self.pod
+                .pointer(&format!("/spec/securityContext/{field}"))
+                .or_else(|| first.and_then(|c| c.pointer(&format!("/securityContext/{field}"))))
+                .and_then(Value::as_u64)
+                .and_then(|id| u32::try_from(id).ok())
+        };
+        let uid = id("runAsUser").unwrap_or(DEFAULT_RUN_AS);
+        Identity {
+            uid,
+            gid: id("runAsGroup").unwrap_or(uid),
+        }
     }
 
     /// Who `container`'s processes are: `runAsUser`/`runAsGroup` of the container, else of the
@@ -597,8 +731,6 @@ impl Worker {
         Identity {
             uid,
             gid: id("runAsGroup").unwrap_or(uid),
-            user_namespace: self.ctx.protections.user_namespace,
-            host_id: self.host_id.as_ref().map(|id| id.0),
         }
     }
 
@@ -608,7 +740,7 @@ impl Worker {
             pod_name: self.name.clone(),
             namespace: self.namespace.clone(),
             pod_uid: self.key.uid.clone(),
-            pod_dir: if self.ctx.bwrap {
+            pod_dir: if self.ctx.confined {
                 POD_DIR_IN_SANDBOX.to_owned()
             } else {
                 self.paths.app.to_string_lossy().into_owned()
@@ -659,7 +791,7 @@ impl Worker {
             );
         }
         let mut tokens = Vec::new();
-        if self.ctx.bwrap {
+        if self.ctx.confined {
             let (objects, needed) = volumes::needs(&volumes::mounted(&self.pod, container));
             for (resource, name) in objects {
                 want(resource, Some(&name));
@@ -771,7 +903,7 @@ impl Worker {
     /// image's ([`IMAGE_PATH`], the system directories it shows), so that a command resolves to
     /// what the pod can see and not to a tool in someone's home directory; else the host's.
     fn search_path(&self) -> String {
-        if self.ctx.bwrap {
+        if self.ctx.confined {
             IMAGE_PATH.to_owned()
         } else {
             std::env::var("PATH").unwrap_or_else(|_| IMAGE_PATH.into())
@@ -961,16 +1093,17 @@ impl Worker {
         Ok(argv)
     }
 
-    /// Prepares the volumes a container mounts (bubblewrap only: plain processes see the host):
-    /// the directories of PersistentVolumeClaims and `emptyDir`s, and the files of
-    /// projection volumes ([`volumes`]). An error is a failed mount (the container waits).
+    /// Prepares the volumes a container mounts (confined pods: plain processes see the host):
+    /// the directories of PersistentVolumeClaims (made through directory handles, owned by the
+    /// namespace's group), `emptyDir`s (in the pod's storage) and the files of projection
+    /// volumes ([`volumes`]). An error is a failed mount (the container waits).
     fn mounts(
         &self,
         container: &Value,
         refs: &Refs,
         tokens: &Tokens,
     ) -> Result<(Vec<Mount>, Vec<Split>), String> {
-        if !self.ctx.bwrap {
+        if !self.ctx.confined {
             return Ok((Vec::new(), Vec::new()));
         }
         let volumes = self
@@ -1004,15 +1137,23 @@ impl Worker {
                 .pointer("/persistentVolumeClaim/claimName")
                 .and_then(Value::as_str)
             {
-                self.ctx.volumes_dir.join(&self.namespace).join(claim)
+                volumes::claim_dir(
+                    &self.ctx.volumes_dir,
+                    &self.namespace,
+                    claim,
+                    self.namespace_group(),
+                )
+                .map_err(|error| format!("making the directory of claim {claim:?}: {error}"))?
             } else if volume.get("emptyDir").is_some() {
-                self.paths.root.join("volumes").join(name)
+                // Made by the pod's sandbox, in its storage (seen in the pod's namespaces only).
+                self.paths.storage.join("volumes").join(name)
             } else if volumes::is_projection(volume) {
                 let files = volumes::files(volume, refs, tokens, &field).map_err(|error| {
                     format!("MountVolume.SetUp failed for volume {name:?}: {error}")
                 })?;
                 let dir = self.paths.root.join("volumes").join(name);
-                volumes::write_files(&dir, &files).map_err(|error| {
+                let owner = self.host_id.as_ref().map(|id| id.0);
+                volumes::write_files(&dir, &files, owner).map_err(|error| {
                     format!("writing volume {name:?} into {}: {error}", dir.display())
                 })?;
                 read_only = true;
@@ -1023,9 +1164,6 @@ impl Worker {
                      persistentVolumeClaim, configMap, secret, downwardAPI and projected are)"
                 ));
             };
-            std::fs::create_dir_all(&host)
-                .map_err(|error| format!("creating {}: {error}", host.display()))?;
-            self.own(&host)?;
             wanted.push((host, path.to_owned(), read_only));
         }
         process::prepare_mounts(wanted)
@@ -1063,24 +1201,14 @@ impl Worker {
                     .and_then(Value::as_str)
                     .map(str::to_owned),
                 // `spec.hostname` when set, as a real pod's UTS name.
-                hostname: self
-                    .pod
-                    .pointer("/spec/hostname")
-                    .and_then(Value::as_str)
-                    .unwrap_or(&self.name)
-                    .to_owned(),
+                hostname: self.hostname(),
                 pod_ip: self.ip.map(|ip| ip.to_string()),
                 pod_dir: self.paths.app.clone(),
                 mounts,
                 splits,
                 log: log_file(&self.paths, name, false),
                 identity: self.identity(container),
-                net: if self.ctx.bwrap {
-                    self.ctx.pod_net(&self.key.uid)
-                } else {
-                    None
-                },
-                limits: if self.ctx.bwrap {
+                limits: if self.ctx.confined {
                     let limits = Limits::from_container(container, self.ctx.pod_pids_limit)?;
                     let group = format!("{}/{}-{name}", self.ctx.cgroup, self.key.uid);
                     Some((limits, group))
@@ -1132,12 +1260,18 @@ impl Worker {
         if log.exists() {
             let _ = std::fs::rename(&log, log_file(&self.paths, &name, true));
         }
-        let running = match process::spawn(
-            &plan.spec,
-            self.ctx.bwrap,
-            &self.ctx.protections,
-            &self.ctx.processes,
-        ) {
+        let spawned = match &self.sandbox {
+            Some(sandbox) => crate::sandbox::spawn_container(
+                &plan.spec,
+                &name,
+                sandbox,
+                &self.ctx.protections,
+                &self.ctx.processes,
+            ),
+            None if self.ctx.confined => Err(std::io::Error::other("the pod has no sandbox")),
+            None => process::spawn_unconfined(&plan.spec, &self.ctx.processes),
+        };
+        let running = match spawned {
             Ok(running) => running,
             Err(error) => {
                 let message = format!("failed to start {:?}: {error}", plan.spec.argv.first());
@@ -1465,12 +1599,33 @@ impl Worker {
     async fn probe_once(&self, index: usize, probe: &Probe) -> bool {
         let env = self.env_cache.get(index).cloned().unwrap_or_default();
         let sockets = self.ctx.pod_sockets();
+        // An exec probe runs inside the container, as the container (never on the host).
+        let inside = match (
+            &self.sandbox,
+            self.handles.get(index).and_then(Option::as_ref),
+        ) {
+            (Some(sandbox), Some(handle)) => Some(probe::Inside {
+                sandbox: sandbox.clone(),
+                supervisor: handle.pid,
+                workdir: self
+                    .specs
+                    .get(index)
+                    .and_then(|c| c.get("workingDir"))
+                    .and_then(Value::as_str)
+                    .unwrap_or(POD_DIR_IN_SANDBOX)
+                    .to_owned(),
+                protections: self.ctx.protections.clone(),
+            }),
+            (Some(_), None) => return false,
+            (None, _) => None,
+        };
         probe::check(
             &probe.action,
             probe.timeout,
             &env,
             &self.paths.app,
             sockets.as_ref(),
+            inside.as_ref(),
         )
         .await
     }
@@ -1581,10 +1736,24 @@ impl Worker {
         }
     }
 
+    /// Forgets the pod: ends its sandbox (its namespaces and storage go with it), releases its
+    /// address and removes its directories, leaving nothing of it behind.
     fn release(&mut self) {
+        self.sandbox = None;
         self.ctx.forget_pod(&self.key.uid);
         if let Some(ip) = self.ip.take() {
             net::release(ip);
+        }
+        // The processes are gone (their helpers ended them); `remove_dir_all` never follows a
+        // symbolic link, so nothing outside the pod's directory goes.
+        match std::fs::remove_dir_all(&self.paths.root) {
+            Ok(()) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => tracing::warn!(
+                pod = %format!("{}/{}", self.namespace, self.name),
+                dir = %self.paths.root.display(), %error,
+                "removing the pod's directory failed"
+            ),
         }
     }
 }

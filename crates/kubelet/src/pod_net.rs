@@ -16,7 +16,7 @@
 
 use std::io::Write as _;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
-use std::os::fd::{AsRawFd as _, OwnedFd, RawFd};
+use std::os::fd::{AsFd as _, AsRawFd as _, OwnedFd, RawFd};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
@@ -296,7 +296,7 @@ impl Bridge {
     /// own namespace.
     pub(crate) fn sockets(&self) -> Option<crate::PodSockets> {
         let node = self.node.clone()?;
-        Some(Arc::new(move || node.tcp_socket()))
+        Some(Arc::new(move |_: std::net::IpAddr| node.tcp_socket()))
     }
 
     /// Why pods have no internet (a node namespace without `slirp4netns`).
@@ -351,7 +351,8 @@ impl Drop for Bridge {
     }
 }
 
-/// A network namespace made on a thread of its own, held by the returned descriptor.
+/// A network namespace (its loopback up) made on a thread of its own, held by the returned
+/// descriptor.
 #[allow(unsafe_code)]
 fn new_namespace() -> Result<OwnedFd, String> {
     std::thread::spawn(|| {
@@ -360,6 +361,12 @@ fn new_namespace() -> Result<OwnedFd, String> {
         // shared or changed: not its files, filesystem or memory).
         unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNET) }
             .map_err(|error| format!("cannot make a network namespace: {error}"))?;
+        if !loopback_up() {
+            return Err(format!(
+                "cannot bring up the loopback interface of a new network namespace: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
         std::fs::File::open("/proc/thread-self/ns/net")
             .map(OwnedFd::from)
             .map_err(|error| format!("cannot open the new network namespace: {error}"))
@@ -368,11 +375,107 @@ fn new_namespace() -> Result<OwnedFd, String> {
     .map_err(|_| "the thread making a network namespace panicked".to_owned())?
 }
 
+/// Brings up `lo` in the calling thread's network namespace, as `ip link set lo up` does
+/// (system calls only, no allocation: the node namespace's forked helper calls it too);
+/// whether it worked (`errno` says why not).
+#[allow(unsafe_code)]
+pub(crate) fn loopback_up() -> bool {
+    // SAFETY: an ioctl socket of our own, and an ifreq on the stack naming `lo`; the kernel
+    // reads and writes only that ifreq.
+    unsafe {
+        let socket = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if socket < 0 {
+            return false;
+        }
+        let mut request: libc::ifreq = std::mem::zeroed();
+        for (slot, byte) in request.ifr_name.iter_mut().zip(b"lo\0") {
+            *slot = *byte as libc::c_char;
+        }
+        let mut ok = libc::ioctl(socket, libc::SIOCGIFFLAGS, &raw mut request) == 0;
+        if ok {
+            request.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+            ok = libc::ioctl(socket, libc::SIOCSIFFLAGS, &raw mut request) == 0;
+        }
+        let errno = *libc::__errno_location();
+        libc::close(socket);
+        *libc::__errno_location() = errno;
+        ok
+    }
+}
+
+/// Makes sockets in other network namespaces for a kubelet that is root: a thread that enters
+/// a namespace, makes a socket and comes back (`setns` moves only the calling thread).
+#[derive(Debug)]
+struct SocketMaker {
+    requests:
+        Mutex<std::sync::mpsc::Sender<(RawFd, std::sync::mpsc::Sender<std::io::Result<OwnedFd>>)>>,
+}
+
+impl SocketMaker {
+    fn shared() -> &'static Self {
+        static MAKER: OnceLock<SocketMaker> = OnceLock::new();
+        MAKER.get_or_init(|| {
+            let (requests, incoming) = std::sync::mpsc::channel::<(
+                RawFd,
+                std::sync::mpsc::Sender<std::io::Result<OwnedFd>>,
+            )>();
+            std::thread::Builder::new()
+                .name("pod-socket-maker".to_owned())
+                .spawn(move || {
+                    let home = std::fs::File::open("/proc/thread-self/ns/net").map(OwnedFd::from);
+                    for (net, reply) in incoming {
+                        let _ = reply.send(make_socket_in(home.as_ref().ok(), net));
+                    }
+                })
+                .map(drop)
+                .unwrap_or_default();
+            SocketMaker {
+                requests: Mutex::new(requests),
+            }
+        })
+    }
+
+    fn socket_in(&self, net: RawFd) -> std::io::Result<OwnedFd> {
+        let (reply, answer) = std::sync::mpsc::channel();
+        self.requests
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .send((net, reply))
+            .map_err(|_| std::io::Error::other("the pod socket maker is gone"))?;
+        answer
+            .recv()
+            .map_err(|_| std::io::Error::other("the pod socket maker is gone"))?
+    }
+}
+
+/// On the socket maker's thread: a TCP socket made in `net`, the thread back in `home`.
+fn make_socket_in(home: Option<&OwnedFd>, net: RawFd) -> std::io::Result<OwnedFd> {
+    use rustix::thread::{LinkNameSpaceType, move_into_link_name_space};
+    let home = home.ok_or_else(|| std::io::Error::other("the socket maker has no namespace"))?;
+    #[allow(unsafe_code)]
+    // SAFETY: `net` is a namespace descriptor the caller holds open until we answer.
+    let target = unsafe { std::os::fd::BorrowedFd::borrow_raw(net) };
+    move_into_link_name_space(target, Some(LinkNameSpaceType::Network))?;
+    #[allow(unsafe_code)]
+    // SAFETY: socket(2) with integer arguments; a descriptor it returns is ours.
+    let made = unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(<OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd))
+        }
+    };
+    move_into_link_name_space(home.as_fd(), Some(LinkNameSpaceType::Network))?;
+    made
+}
+
 /// A pod's network.
 #[derive(Debug)]
 pub(crate) struct PodNet {
     namespace: OwnedFd,
-    host_interface: String,
+    /// The node's end of the pod's veth pair (`None`: the pod has loopback only).
+    host_interface: Option<String>,
     /// The node namespace the pod's namespace is below (`None`: the kubelet's own).
     node: Option<Arc<NodeNamespace>>,
     /// The ruleset last applied.
@@ -389,9 +492,10 @@ impl PodNet {
                 .map_err(|error| format!("cannot make a network namespace: {error}"))?,
             None => new_namespace()?,
         };
+        let host_interface = interface_name("asv");
         let net = Self {
             namespace,
-            host_interface: interface_name("asv"),
+            host_interface: Some(host_interface.clone()),
             node: bridge.node.clone(),
             applied: Mutex::new(None),
         };
@@ -410,7 +514,7 @@ impl PodNet {
             &[
                 "link",
                 "add",
-                &net.host_interface,
+                &host_interface,
                 "type",
                 "veth",
                 "peer",
@@ -423,14 +527,7 @@ impl PodNet {
         )?;
         bridge.run(
             "ip",
-            &[
-                "link",
-                "set",
-                &net.host_interface,
-                "master",
-                &bridge.name,
-                "up",
-            ],
+            &["link", "set", &host_interface, "master", &bridge.name, "up"],
             None,
         )?;
         net.apply(rules)?;
@@ -452,6 +549,40 @@ impl PodNet {
         Ok(net)
     }
 
+    /// A network namespace with loopback only, below `node` (a kubelet that is not root) or
+    /// the kubelet's own: what a pod gets where the machine cannot give it more.
+    pub(crate) fn isolated(node: Option<Arc<NodeNamespace>>) -> Result<Self, String> {
+        let namespace = match &node {
+            Some(node) => node
+                .new_namespace()
+                .map_err(|error| format!("cannot make a network namespace: {error}"))?,
+            None => new_namespace()?,
+        };
+        Ok(Self {
+            namespace,
+            host_interface: None,
+            node,
+            applied: Mutex::new(None),
+        })
+    }
+
+    /// A new TCP socket (non-blocking) in the pod's namespace, for the node's connections to a
+    /// pod with loopback only.
+    pub(crate) fn tcp_socket(&self) -> std::io::Result<tokio::net::TcpSocket> {
+        let fd = match &self.node {
+            Some(node) => return node.tcp_socket_in(self.fd()),
+            None => SocketMaker::shared().socket_in(self.fd())?,
+        };
+        let stream = std::net::TcpStream::from(fd);
+        stream.set_nonblocking(true)?;
+        Ok(tokio::net::TcpSocket::from_std_stream(stream))
+    }
+
+    /// Whether the pod has loopback only.
+    pub(crate) fn is_isolated(&self) -> bool {
+        self.host_interface.is_none()
+    }
+
     /// Runs a tool in the pod's network namespace.
     fn run(&self, program: &str, args: &[&str], input: Option<&str>) -> Result<(), String> {
         run_in(self.user_fd(), Some(self.fd()), &[], program, args, input)
@@ -471,6 +602,10 @@ impl PodNet {
     /// Applies `rules` (an nftables script) in the pod's namespace, unless they are what was
     /// applied last.
     pub(crate) fn apply(&self, rules: &str) -> Result<(), String> {
+        if self.is_isolated() {
+            // Nothing reaches a pod with loopback only, and it reaches nothing.
+            return Ok(());
+        }
         let mut applied = self.applied.lock().unwrap_or_else(PoisonError::into_inner);
         if applied.as_deref() == Some(rules) {
             return Ok(());
@@ -484,7 +619,10 @@ impl PodNet {
 impl Drop for PodNet {
     fn drop(&mut self) {
         // Deleting one end deletes the pair; the namespace goes with its last holder.
-        let args = ["link", "del", self.host_interface.as_str()];
+        let Some(host_interface) = &self.host_interface else {
+            return;
+        };
+        let args = ["link", "del", host_interface.as_str()];
         let _ = match &self.node {
             Some(node) => run_in(
                 Some(node.user_fd()),

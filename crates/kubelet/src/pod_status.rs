@@ -117,6 +117,9 @@ pub(crate) struct PodInfo {
     pub(crate) initialized: bool,
     /// Terminal phase decided by the kubelet (`Succeeded`/`Failed`).
     pub(crate) terminal: Option<String>,
+    /// Why the kubelet refused the pod (`status.message`, with `status.reason`
+    /// `InvalidPodSpec`), as a node reports a pod it rejects.
+    pub(crate) message: Option<String>,
 }
 
 /// The pod's phase.
@@ -238,6 +241,10 @@ pub(crate) fn pod_status(info: &PodInfo, previous: &Value, now: &str) -> Value {
     }
     if let Some(start) = &info.start_time {
         status["startTime"] = json!(start);
+    }
+    if let Some(message) = &info.message {
+        status["reason"] = json!("InvalidPodSpec");
+        status["message"] = json!(message);
     }
     status
 }

@@ -95,7 +95,7 @@ pub async fn connect(
     addr: SocketAddr,
 ) -> std::io::Result<TcpStream> {
     match sockets {
-        Some(make) => make()?.connect(addr).await,
+        Some(make) => make(addr.ip())?.connect(addr).await,
         None => TcpStream::connect(addr).await,
     }
 }

@@ -185,14 +185,26 @@ async fn http_get(
     Ok((200..400).contains(&code))
 }
 
-/// Runs one check (connecting with sockets from `sockets` when given); a timeout or an error
-/// is a failure.
+/// Where an exec probe of a confined container runs: inside it.
+#[derive(Debug)]
+pub(crate) struct Inside {
+    pub(crate) sandbox: std::sync::Arc<crate::sandbox::PodSandbox>,
+    /// The container's helper (its process group).
+    pub(crate) supervisor: i32,
+    pub(crate) workdir: String,
+    pub(crate) protections: crate::confine::Protections,
+}
+
+/// Runs one check (connecting with sockets from `sockets` when given; an exec probe inside the
+/// container when `inside` says where, else in `dir` on the host); a timeout or an error is a
+/// failure.
 pub(crate) async fn check(
     action: &ProbeAction,
     timeout: Duration,
     env: &std::collections::BTreeMap<String, String>,
     dir: &std::path::Path,
     sockets: Option<&crate::PodSockets>,
+    inside: Option<&Inside>,
 ) -> bool {
     let attempt = async {
         match action {
@@ -204,6 +216,31 @@ pub(crate) async fn check(
                 let Some((program, args)) = argv.split_first() else {
                     return false;
                 };
+                if let Some(inside) = inside {
+                    let entered = crate::sandbox::enter(
+                        &inside.sandbox,
+                        inside.supervisor,
+                        argv,
+                        env,
+                        &inside.workdir,
+                        &inside.protections,
+                    );
+                    let Ok((mut command, held)) = entered else {
+                        return false;
+                    };
+                    let status = command
+                        .stdin(std::process::Stdio::null())
+                        .stdout(std::process::Stdio::null())
+                        .stderr(std::process::Stdio::null())
+                        .kill_on_drop(true)
+                        .spawn();
+                    // The child has its copies of the descriptors now.
+                    drop(held);
+                    return match status {
+                        Ok(mut child) => child.wait().await.is_ok_and(|s| s.success()),
+                        Err(_) => false,
+                    };
+                }
                 tokio::process::Command::new(program)
                     .args(args)
                     .env_clear()
@@ -294,13 +331,14 @@ mod tests {
             path: "/".into(),
             host: "127.0.0.1".into(),
         };
-        assert!(check(&http, Duration::from_secs(5), &env, &dir, None).await);
+        assert!(check(&http, Duration::from_secs(5), &env, &dir, None, None).await);
         assert!(
             check(
                 &ProbeAction::Tcp { addr },
                 Duration::from_secs(5),
                 &env,
                 &dir,
+                None,
                 None
             )
             .await
@@ -316,6 +354,7 @@ mod tests {
                 Duration::from_secs(5),
                 &env,
                 &dir,
+                None,
                 None
             )
             .await
@@ -325,6 +364,6 @@ mod tests {
         };
         let mut path_env = env.clone();
         path_env.insert("PATH".into(), std::env::var("PATH").unwrap_or_default());
-        assert!(!check(&exec, Duration::from_secs(5), &path_env, &dir, None).await);
+        assert!(!check(&exec, Duration::from_secs(5), &path_env, &dir, None, None).await);
     }
 }

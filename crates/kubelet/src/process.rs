@@ -1,47 +1,42 @@
-//! Pod processes: spawning a container's program in its own process group, inside bubblewrap or
-//! under the embedded supervisor, and stopping it (gracefully or not) so that no process of the
-//! container survives it.
+//! Pod processes: the host directories a confined pod sees ([`SYSTEM_DIRS`], [`ETC_ENTRIES`],
+//! the mount points of its volumes: [`prepare_mounts`]), what a child does between fork and
+//! exec ([`ChildSetup`]), and how the kubelet keeps track of the process groups it started so
+//! that no process of a pod survives it ([`ProcessTable`], [`GroupGuard`]).
 //!
-//! A program that dies leaves its descendants to the nearest subreaper, normally init: the
-//! runtime's commands run in sessions of their own, so killing the container's process group
-//! misses them. Under bubblewrap every container has its own pid namespace, which the kernel
-//! empties when bubblewrap's init ends. Without bubblewrap the container's program runs under
-//! `kube-sim-supervisor` (`src/bin/kube-sim-supervisor.rs`, embedded here by `build.rs`), a child
-//! subreaper that kills everything left below it when the program ends or when the kubelet
+//! Every container runs under the embedded `pod-sandbox` helper (`src/bin/pod-sandbox/`), the
+//! leader of the container's process group: confined ([`crate::sandbox`]) or, with
+//! `--isolation none`, as a plain child of the helper's `supervise` mode ([`spawn_unconfined`]).
+//! The helper kills everything left of the container when its program ends or when the kubelet
 //! closes its standard input, and exits only then, with the program's status.
 //!
 //! Every live group is registered in a [`ProcessTable`], so that stopping the kubelet (or
-//! dropping its handle) can kill every pod process even when the tasks that own them are gone. Each group
-//! is also killed by its [`GroupGuard`] when dropped.
+//! dropping its handle) can kill every pod process even when the tasks that own them are gone.
+//! Each group is also killed by its [`GroupGuard`] when dropped.
 
 use std::collections::{BTreeMap, HashMap};
-use std::ffi::OsString;
-use std::io::{PipeWriter, Write as _};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::io::PipeWriter;
+use std::os::fd::RawFd;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-use rustix::process::{Pid, Signal, kill_process, kill_process_group};
+use rustix::process::{Pid, Signal, kill_process_group};
 
-use crate::cgroup::{Cgroup, Hierarchy, Limits};
-use crate::confine::{self, Protections};
+use crate::cgroup::{Cgroup, Limits};
 
 /// How pod processes are isolated.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Isolation {
-    /// The strongest this machine supports: bubblewrap with every protection that works here
-    /// (what is missing is reported at start-up), or plain processes without bubblewrap.
+    /// Each pod in a sandbox of its own ([`crate::sandbox`]): user, mount, PID, IPC, UTS and
+    /// network namespaces, a root showing only the host's system directories read-only, its
+    /// storage capped, no capabilities, `no_new_privs`, the seccomp filter and control-group
+    /// limits where the machine has them. A kubelet refuses to start where it cannot confine
+    /// (user namespaces disabled), naming the fix. Parsed from `auto` too.
     #[default]
-    Auto,
-    /// Each pod process in bubblewrap: private pid, mount, ipc and uts namespaces (hostname =
-    /// pod name), a root of its own showing only the host's system directories ([`SYSTEM_DIRS`]
-    /// and some of `/etc`) read-only, a writable pod directory at `/app` and a private `/tmp`;
-    /// and whichever of the [`Protections`] work here.
-    Bwrap,
-    /// [`Isolation::Bwrap`] with every protection, or refuse to start.
+    Confined,
+    /// [`Isolation::Confined`] with every protection (seccomp, a host uid per pod, control
+    /// groups with CPU limits, a network of each pod's own), or refuse to start.
     Strict,
-    /// Plain child processes in their own process group, in the pod's directory.
+    /// Plain child processes on the host, in the pod's directory: not isolated at all.
     None,
 }
 
@@ -49,60 +44,27 @@ impl std::str::FromStr for Isolation {
     type Err = String;
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         match text {
-            "auto" => Ok(Self::Auto),
-            "bwrap" => Ok(Self::Bwrap),
+            "auto" | "confined" => Ok(Self::Confined),
             "strict" => Ok(Self::Strict),
             "none" => Ok(Self::None),
             other => Err(format!(
-                "unknown isolation {other:?} (auto, bwrap, strict or none)"
+                "unknown isolation {other:?} (confined, strict or none; auto means confined)"
             )),
         }
     }
 }
 
-impl Isolation {
-    /// The isolation pods actually get: `Auto` resolved to what works here (`Bwrap` or
-    /// `None`); `None` (the `Option`) when bubblewrap is asked for where it does not work.
-    /// `Strict` resolves to `Bwrap` when bubblewrap works; whether every protection does is
-    /// [`Protections::missing`]'s to say.
-    pub fn resolve(self) -> Option<Self> {
-        match self {
-            Self::Auto if bwrap_available() => Some(Self::Bwrap),
-            Self::Auto | Self::None => Some(Self::None),
-            Self::Bwrap | Self::Strict if bwrap_available() => Some(Self::Bwrap),
-            Self::Bwrap | Self::Strict => None,
-        }
+impl std::fmt::Display for Isolation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Confined => "confined",
+            Self::Strict => "strict",
+            Self::None => "none",
+        })
     }
 }
 
-/// Whether bubblewrap is installed and can create the namespaces we use (checked once).
-pub fn bwrap_available() -> bool {
-    static WORKS: OnceLock<bool> = OnceLock::new();
-    *WORKS.get_or_init(|| {
-        std::process::Command::new("bwrap")
-            .args([
-                "--ro-bind",
-                "/",
-                "/",
-                "--unshare-pid",
-                "--unshare-ipc",
-                "--unshare-uts",
-                "--proc",
-                "/proc",
-                "--dev",
-                "/dev",
-                "--",
-                "true",
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|status| status.success())
-    })
-}
-
-/// Where the pod's directory appears inside bubblewrap.
+/// Where the pod's directory appears inside a confined pod.
 pub(crate) const POD_DIR_IN_SANDBOX: &str = "/app";
 
 /// The host's top-level names a pod sees, read-only: its programs and libraries (directories,
@@ -159,7 +121,7 @@ pub(crate) enum RootEntry {
     File(String),
 }
 
-/// One volume mount of a container, as bubblewrap makes it.
+/// One volume mount of a container.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Mount {
     /// The directory on the host.
@@ -170,9 +132,9 @@ pub(crate) struct Mount {
 }
 
 /// A directory of the host that the sandbox shows read-only and under which a mount point must
-/// be made (`/usr/local/app` for a volume there when the host has no `/usr/local/app`):
-/// bubblewrap puts a tmpfs there showing the same entries, makes the mount point on it, and
-/// remounts it read-only.
+/// be made (`/usr/local/app` for a volume there when the host has no `/usr/local/app`): the
+/// root gets a tmpfs there showing the same entries, the mount point is made on it, and it is
+/// remounted read-only.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Split {
     pub(crate) dir: String,
@@ -299,7 +261,7 @@ pub(crate) fn prepare_mounts(
 }
 
 /// The host's [`SYSTEM_DIRS`] as they are here (directories or symlinks).
-fn host_root() -> &'static [RootEntry] {
+pub(crate) fn host_root() -> &'static [RootEntry] {
     static ROOT: OnceLock<Vec<RootEntry>> = OnceLock::new();
     ROOT.get_or_init(|| {
         host_entries(Path::new("/"))
@@ -315,7 +277,7 @@ fn host_root() -> &'static [RootEntry] {
 }
 
 /// The host's [`ETC_ENTRIES`] that exist here.
-fn host_etc() -> &'static [String] {
+pub(crate) fn host_etc() -> &'static [String] {
     static ETC: OnceLock<Vec<String>> = OnceLock::new();
     ETC.get_or_init(|| {
         ETC_ENTRIES
@@ -326,16 +288,11 @@ fn host_etc() -> &'static [String] {
     })
 }
 
-/// Who a pod's processes are.
+/// Who a pod's processes are inside its user namespace.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Identity {
-    /// uid and gid inside the pod's user namespace.
     pub(crate) uid: u32,
     pub(crate) gid: u32,
-    /// Run in a user namespace (with `uid`/`gid`, no capabilities, no nested namespaces).
-    pub(crate) user_namespace: bool,
-    /// The host uid (and gid) they have, when the kubelet (root) gives each pod one.
-    pub(crate) host_id: Option<u32>,
 }
 
 /// What to start.
@@ -349,162 +306,31 @@ pub(crate) struct LaunchSpec {
     pub(crate) hostname: String,
     /// The pod's IP, for its `/etc/hosts`.
     pub(crate) pod_ip: Option<String>,
-    /// The pod's directory on the host.
+    /// The pod's directory on the host (unconfined pods run there).
     pub(crate) pod_dir: PathBuf,
-    /// Volume mounts; bubblewrap only.
+    /// Volume mounts (confined pods).
     pub(crate) mounts: Vec<Mount>,
     /// Read-only host directories to rebuild so that mount points can be made below them.
     pub(crate) splits: Vec<Split>,
     /// File that receives stdout and stderr.
     pub(crate) log: PathBuf,
-    /// Who the processes are (bubblewrap only).
+    /// Who the processes are (confined pods).
     pub(crate) identity: Identity,
-    /// The container's resource limits and its control group's name (bubblewrap only).
+    /// The container's resource limits and its control group's name (confined pods).
     pub(crate) limits: Option<(Limits, String)>,
-    /// The pod's network namespace, which the container's processes enter (bubblewrap only).
-    pub(crate) net: Option<Arc<crate::pod_net::PodNet>>,
-}
-
-/// The descriptors bubblewrap binds from, by what they stand for (open in the kubelet, which
-/// may reach paths the pod's host uid cannot).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct BindFds {
-    pub(crate) pod_dir: RawFd,
-    /// The program, when it lives outside [`SYSTEM_DIRS`].
-    pub(crate) program: Option<RawFd>,
-    /// One per [`LaunchSpec::mounts`] entry.
-    pub(crate) mounts: Vec<RawFd>,
-    /// The contents of the [`ETC_OWN`] files, in that order.
-    pub(crate) etc: Vec<RawFd>,
-    pub(crate) seccomp: Option<RawFd>,
 }
 
 /// Whether `program` lives below one of the [`SYSTEM_DIRS`] (and is therefore visible).
-fn in_system_dirs(program: &str) -> bool {
+pub(crate) fn in_system_dirs(program: &str) -> bool {
     program
         .strip_prefix('/')
         .and_then(|rest| rest.split('/').next())
         .is_some_and(|top| SYSTEM_DIRS.contains(&top))
 }
 
-/// The bubblewrap command line for `spec` (sans IO): `root` is the host's system directories,
-/// `etc` the host's `/etc` entries shown, `fds` what to bind from.
-pub(crate) fn bwrap_args(
-    root: &[RootEntry],
-    etc: &[String],
-    spec: &LaunchSpec,
-    fds: &BindFds,
-) -> Vec<OsString> {
-    let mut args: Vec<OsString> = Vec::new();
-    let mut push = |items: &[&str]| args.extend(items.iter().map(OsString::from));
-    push(&["--tmpfs", "/"]);
-    for entry in root {
-        match entry {
-            RootEntry::Dir(name) => {
-                let path = format!("/{name}");
-                push(&["--ro-bind", &path, &path]);
-            }
-            RootEntry::Symlink(name, target) => {
-                push(&["--symlink", target, &format!("/{name}")]);
-            }
-            RootEntry::File(_) => {}
-        }
-    }
-    push(&["--tmpfs", "/etc"]);
-    for path in etc {
-        push(&["--ro-bind", path, path]);
-    }
-    for (name, fd) in ETC_OWN.iter().zip(&fds.etc) {
-        push(&["--ro-bind-data", &fd.to_string(), &format!("/etc/{name}")]);
-    }
-    push(&[
-        "--unshare-pid",
-        "--unshare-ipc",
-        "--unshare-uts",
-        "--hostname",
-        &spec.hostname,
-        "--die-with-parent",
-    ]);
-    let identity = spec.identity;
-    if identity.user_namespace {
-        push(&[
-            "--unshare-user",
-            "--uid",
-            &identity.uid.to_string(),
-            "--gid",
-            &identity.gid.to_string(),
-            "--disable-userns",
-        ]);
-    }
-    if identity.user_namespace || confine::is_root() {
-        push(&["--cap-drop", "ALL"]);
-    }
-    if let Some(fd) = fds.seccomp {
-        push(&["--seccomp", &fd.to_string()]);
-    }
-    push(&[
-        "--proc",
-        "/proc",
-        "--dev",
-        "/dev",
-        "--tmpfs",
-        "/tmp",
-        "--dir",
-        POD_DIR_IN_SANDBOX,
-        "--bind-fd",
-        &fds.pod_dir.to_string(),
-        POD_DIR_IN_SANDBOX,
-    ]);
-    // A program outside the system directories (a binary of this workspace, a test's script)
-    // is bound in at its own path, alone.
-    if let (Some(program), Some(fd)) = (spec.argv.first(), fds.program) {
-        push(&["--ro-bind-fd", &fd.to_string(), program]);
-    }
-    for split in &spec.splits {
-        push(&["--tmpfs", &split.dir]);
-        for entry in &split.entries {
-            match entry {
-                RootEntry::Dir(name) | RootEntry::File(name) => {
-                    let path = format!("{}/{name}", split.dir);
-                    push(&["--ro-bind", &path, &path]);
-                }
-                RootEntry::Symlink(name, target) => {
-                    let path = format!("{}/{name}", split.dir);
-                    push(&["--symlink", target, &path]);
-                }
-            }
-        }
-    }
-    for (mount, fd) in spec.mounts.iter().zip(&fds.mounts) {
-        let bind = if mount.read_only {
-            "--ro-bind-fd"
-        } else {
-            "--bind-fd"
-        };
-        push(&["--dir", &mount.dest, bind, &fd.to_string(), &mount.dest]);
-    }
-    for split in &spec.splits {
-        push(&["--remount-ro", &split.dir]);
-    }
-    let workdir = spec.workdir.as_deref().unwrap_or(POD_DIR_IN_SANDBOX);
-    if !workdir.starts_with(POD_DIR_IN_SANDBOX) && !workdir.starts_with("/tmp") {
-        push(&["--dir", workdir]);
-    }
-    push(&[
-        "--remount-ro",
-        "/etc",
-        "--remount-ro",
-        "/",
-        "--chdir",
-        workdir,
-        "--",
-    ]);
-    args.extend(spec.argv.iter().map(OsString::from));
-    args
-}
-
-/// What a child does between fork and exec, with nothing but system calls (no allocation): keep
-/// the descriptors it is given across exec, join its control group, lower its limits.
+/// What a child does between fork and exec, with nothing but system calls (no allocation):
+/// enter a user and a network namespace (a tool configuring a pod's network), keep the
+/// descriptors it is given across exec, join its control group, lower its limits.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct ChildSetup {
     /// A user namespace to enter first: the node namespace's, whose user is this process's
@@ -519,9 +345,6 @@ pub(crate) struct ChildSetup {
     /// `RLIMIT_NPROC`, when no control group counts the processes but the pod has a host uid
     /// of its own.
     pub(crate) nproc: Option<u64>,
-    /// The host uid and gid to become (no supplementary groups), after the steps that need
-    /// root.
-    pub(crate) host_id: Option<u32>,
 }
 
 impl ChildSetup {
@@ -557,11 +380,6 @@ impl ChildSetup {
             let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(*fd) };
             rustix::io::write(fd, b"0")?;
         }
-        if let Some(id) = self.host_id {
-            rustix::thread::set_thread_groups(&[])?;
-            rustix::thread::set_thread_gid(rustix::process::Gid::from_raw(id))?;
-            rustix::thread::set_thread_uid(rustix::process::Uid::from_raw(id))?;
-        }
         // No core dumps: they would write the process's memory into the pod's directory.
         setrlimit(
             Resource::Core,
@@ -581,6 +399,25 @@ impl ChildSetup {
         }
         Ok(())
     }
+
+    /// Makes `command`'s child do this set-up before it runs.
+    pub(crate) fn install(self, command: &mut std::process::Command) {
+        #[allow(unsafe_code)]
+        // SAFETY: `ChildSetup::run` makes only async-signal-safe system calls (setns, fcntl,
+        // write, setrlimit) and allocates nothing, as code between fork and exec must.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(command, move || self.run());
+        }
+    }
+
+    /// [`ChildSetup::install`] for a tokio command.
+    pub(crate) fn install_tokio(self, command: &mut tokio::process::Command) {
+        #[allow(unsafe_code)]
+        // SAFETY: as in `install`.
+        unsafe {
+            command.pre_exec(move || self.run());
+        }
+    }
 }
 
 /// Makes `command`'s child keep `fds` across exec (and nothing else of this process's).
@@ -596,71 +433,26 @@ pub(crate) fn enter(
     netns: Option<RawFd>,
     fds: Vec<RawFd>,
 ) {
-    let setup = ChildSetup {
+    ChildSetup {
         userns,
         netns,
         keep: fds,
         ..ChildSetup::default()
-    };
-    #[allow(unsafe_code)]
-    // SAFETY: `ChildSetup::run` makes only async-signal-safe system calls (setns, fcntl, write,
-    // setrlimit) and allocates nothing, as code between fork and exec must.
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(command, move || setup.run());
     }
-}
-
-/// The executable of `src/bin/kube-sim-supervisor.rs`, compiled by `build.rs`.
-static SUPERVISOR: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kube-sim-supervisor"));
-
-/// A path that executes the embedded supervisor: a sealed memfd, made once per process. A
-/// memfd rather than a file: it needs no writable, executable directory (`/tmp` may be
-/// `noexec`) and leaves nothing behind.
-fn supervisor() -> std::io::Result<&'static str> {
-    static MADE: OnceLock<Result<(std::fs::File, String), String>> = OnceLock::new();
-    let made = MADE.get_or_init(|| {
-        let file = memfd_supervisor().map_err(|error| {
-            format!("failed to make the pod supervisor executable (a sealed memfd): {error}")
-        })?;
-        let path = format!("/proc/self/fd/{}", file.as_raw_fd());
-        Ok((file, path))
-    });
-    match made {
-        Ok((_, path)) => Ok(path),
-        Err(message) => Err(std::io::Error::other(message.clone())),
-    }
-}
-
-fn memfd_supervisor() -> std::io::Result<std::fs::File> {
-    use rustix::fs::{MemfdFlags, SealFlags};
-    let flags = MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING;
-    // MFD_EXEC (Linux 6.3) keeps `vm.memfd_noexec=1` from sealing it non-executable; older
-    // kernels refuse the flag, and their memfds are executable anyway.
-    let fd = rustix::fs::memfd_create("kube-sim-supervisor", flags | MemfdFlags::EXEC)
-        .or_else(|_| rustix::fs::memfd_create("kube-sim-supervisor", flags))?;
-    let mut file = std::fs::File::from(fd);
-    file.write_all(SUPERVISOR)?;
-    rustix::fs::fcntl_add_seals(
-        &file,
-        SealFlags::SEAL | SealFlags::SHRINK | SealFlags::GROW | SealFlags::WRITE,
-    )?;
-    Ok(file)
+    .install(command);
 }
 
 /// How the kubelet stops a group it registered.
 #[derive(Debug)]
-enum Stopper {
-    /// SIGKILL to the group: bubblewrap's init dies, and with it its pid namespace.
-    KillGroup,
-    /// The write end of the supervisor's standard input: closing it makes the supervisor kill
-    /// every process of the container and exit.
+pub(crate) enum Stopper {
+    /// The write end of the helper's standard input: closing it makes the helper kill every
+    /// process of the container (or end the pod's sandbox) and exit.
     Supervisor(PipeWriter),
 }
 
 impl Stopper {
-    fn stop(self, pgid: i32) {
+    fn stop(self, _pgid: i32) {
         match self {
-            Self::KillGroup => kill_group(pgid, Signal::KILL),
             Self::Supervisor(stdin) => drop(stdin),
         }
     }
@@ -676,6 +468,23 @@ pub(crate) struct ProcessTable {
 }
 
 impl ProcessTable {
+    /// Registers group `pgid` (stopped by `stopper`) and returns its guard.
+    pub(crate) fn register(
+        self: &Arc<Self>,
+        pgid: i32,
+        stopper: Stopper,
+        cgroup: Option<Cgroup>,
+    ) -> GroupGuard {
+        self.insert(pgid, stopper);
+        GroupGuard {
+            pgid,
+            table: self.clone(),
+            done: false,
+            cgroup,
+            terminated: false,
+        }
+    }
+
     fn insert(&self, pgid: i32, stopper: Stopper) {
         let mut groups = self.groups.lock().unwrap_or_else(PoisonError::into_inner);
         if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
@@ -753,43 +562,28 @@ fn live_members(pgid: i32) -> Vec<i32> {
 #[derive(Debug)]
 pub(crate) struct GroupGuard {
     pgid: i32,
-    in_bwrap: bool,
     table: Arc<ProcessTable>,
     done: bool,
     /// The container's control group, removed once its processes are gone (dropped after
     /// [`GroupGuard::kill`]).
     cgroup: Option<Cgroup>,
-    /// The processes [`GroupGuard::terminate`] sent SIGTERM to.
-    terminated: std::collections::HashSet<i32>,
+    terminated: bool,
 }
 
 impl GroupGuard {
-    /// Asks the processes to stop (SIGTERM), each once: called again while they stop, it
-    /// reaches those that were not there yet (bubblewrap still setting up when it was first
-    /// called, before it started the program). Under bubblewrap the monitor process is spared,
-    /// so that it outlives its child and reports its exit status; the supervisor ignores it.
+    /// Asks the processes to stop (SIGTERM to the group, once). The helper ignores it; a
+    /// confined container's init, PID 1 of its namespace, gets it only if it handles it, as in
+    /// any container.
     pub(crate) fn terminate(&mut self) {
-        if self.done {
+        if self.done || self.terminated {
             return;
         }
-        if self.in_bwrap {
-            for pid in live_members(self.pgid)
-                .into_iter()
-                .filter(|pid| *pid != self.pgid)
-            {
-                if self.terminated.insert(pid)
-                    && let Some(pid) = Pid::from_raw(pid)
-                {
-                    let _ = kill_process(pid, Signal::TERM);
-                }
-            }
-        } else if self.terminated.insert(self.pgid) {
-            kill_group(self.pgid, Signal::TERM);
-        }
+        self.terminated = true;
+        kill_group(self.pgid, Signal::TERM);
     }
 
-    /// Kills every process of the container and forgets the group: SIGKILL to the group
-    /// under bubblewrap, end of input for the supervisor otherwise.
+    /// Kills every process of the container and forgets the group (end of input for the
+    /// helper, which kills the rest).
     pub(crate) fn kill(&mut self) {
         if !self.done {
             self.table.stop(self.pgid);
@@ -811,7 +605,7 @@ impl GroupGuard {
         self.cgroup.as_ref().is_some_and(Cgroup::out_of_memory)
     }
 
-    /// The group id: the leader's pid, bubblewrap's or the supervisor's.
+    /// The group id: the helper's pid.
     pub(crate) fn pgid(&self) -> i32 {
         self.pgid
     }
@@ -822,7 +616,6 @@ impl Drop for GroupGuard {
         self.kill();
     }
 }
-
 /// A started container process.
 #[derive(Debug)]
 pub(crate) struct Running {
@@ -830,80 +623,10 @@ pub(crate) struct Running {
     pub(crate) guard: GroupGuard,
 }
 
-/// What bubblewrap needs open for one start; the descriptors close when it is dropped (after
-/// the child has its copies).
-#[derive(Debug, Default)]
-struct Opened {
-    fds: Vec<OwnedFd>,
-    bind: BindFds,
-    cgroup: Option<Cgroup>,
-}
-
-/// Opens `path` as a path descriptor (close-on-exec; bubblewrap gets it by [`ChildSetup`]).
-fn open_path(path: &Path) -> std::io::Result<OwnedFd> {
-    use rustix::fs::{Mode, OFlags};
-    rustix::fs::open(path, OFlags::PATH | OFlags::CLOEXEC, Mode::empty())
-        .map_err(|error| std::io::Error::other(format!("opening {}: {error}", path.display())))
-}
-
-/// Opens what bubblewrap binds for `spec` and makes its control group.
-fn open_for_bwrap(spec: &LaunchSpec, protections: &Protections) -> std::io::Result<Opened> {
-    let mut opened = Opened::default();
-    let keep = |fd: OwnedFd, opened: &mut Opened| {
-        let raw = fd.as_raw_fd();
-        opened.fds.push(fd);
-        raw
-    };
-    opened.bind.pod_dir = keep(open_path(&spec.pod_dir)?, &mut opened);
-    if let Some(program) = spec.argv.first().filter(|p| !in_system_dirs(p)) {
-        opened.bind.program = Some(keep(open_path(Path::new(program))?, &mut opened));
-    }
-    for mount in &spec.mounts {
-        let fd = keep(open_path(&mount.host)?, &mut opened);
-        opened.bind.mounts.push(fd);
-    }
-    let identity = spec.identity;
-    let home = POD_DIR_IN_SANDBOX;
-    let (uid, gid) = if identity.user_namespace {
-        (identity.uid, identity.gid)
-    } else {
-        (
-            rustix::process::getuid().as_raw(),
-            rustix::process::getgid().as_raw(),
-        )
-    };
-    for (name, text) in [
-        ("passwd", confine::passwd(uid, gid, home)),
-        ("group", confine::group(gid)),
-        (
-            "hosts",
-            confine::hosts(&spec.hostname, spec.pod_ip.as_deref()),
-        ),
-        ("hostname", format!("{}\n", spec.hostname)),
-    ] {
-        let fd = keep(confine::data_fd(name, text.as_bytes())?, &mut opened);
-        opened.bind.etc.push(fd);
-    }
-    if protections.seccomp {
-        let fd = keep(
-            confine::data_fd("seccomp", &crate::seccomp::program())?,
-            &mut opened,
-        );
-        opened.bind.seccomp = Some(fd);
-    }
-    if let (Some((limits, name)), Some(hierarchy)) = (&spec.limits, Hierarchy::detect()) {
-        let cgroup = Cgroup::create(hierarchy, name, limits).map_err(std::io::Error::other)?;
-        opened.cgroup = Some(cgroup);
-    }
-    Ok(opened)
-}
-
-/// Starts `spec` in a new process group, inside bubblewrap (with what `protections` allow) when
-/// `bwrap` is true, else under the supervisor.
-pub(crate) fn spawn(
+/// Starts `spec` unconfined (`--isolation none`): the program as a child of the helper's
+/// `supervise` mode, in a new process group, in the pod's directory on the host.
+pub(crate) fn spawn_unconfined(
     spec: &LaunchSpec,
-    bwrap: bool,
-    protections: &Protections,
     table: &Arc<ProcessTable>,
 ) -> std::io::Result<Running> {
     let log = std::fs::OpenOptions::new()
@@ -915,163 +638,43 @@ pub(crate) fn spawn(
         .argv
         .first()
         .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty command"))?;
-    let mut stop_pipe = None;
-    let mut opened = None;
-    let mut command = if bwrap {
-        let open = open_for_bwrap(spec, protections)?;
-        let mut command = tokio::process::Command::new("bwrap");
-        command
-            .args(bwrap_args(host_root(), host_etc(), spec, &open.bind))
-            .stdin(Stdio::null())
-            .kill_on_drop(true);
-        let setup = ChildSetup {
-            userns: spec.net.as_ref().and_then(|net| net.user_fd()),
-            netns: spec.net.as_ref().map(|net| net.fd()),
-            host_id: spec.identity.host_id,
-            keep: open.fds.iter().map(AsRawFd::as_raw_fd).collect(),
-            join: open
-                .cgroup
-                .as_ref()
-                .map(Cgroup::join_fds)
-                .unwrap_or_default(),
-            nproc: (open.cgroup.is_none() && spec.identity.host_id.is_some())
-                .then(|| spec.limits.as_ref().map(|(limits, _)| limits.pids))
-                .flatten(),
-        };
-        #[allow(unsafe_code)]
-        // SAFETY: `ChildSetup::run` makes only async-signal-safe system calls (setns, fcntl, write,
-        // setrlimit) and allocates nothing, as code between fork and exec must.
-        unsafe {
-            command.pre_exec(move || setup.run());
-        }
-        opened = Some(open);
-        command
-    } else {
-        // No kill_on_drop: a SIGKILLed supervisor would leave the container's processes to
-        // init. Closing its standard input (the table's stopper) is how it is stopped.
-        let (stdin, stop) = std::io::pipe()?;
-        stop_pipe = Some(stop);
-        let mut command = tokio::process::Command::new(supervisor()?);
-        command
-            .arg0("kube-sim-supervisor")
-            .arg(program)
-            .args(&spec.argv[1..])
-            .stdin(stdin);
-        let dir = spec
-            .workdir
-            .as_deref()
-            .map(Path::new)
-            .filter(|dir| dir.is_dir())
-            .unwrap_or(&spec.pod_dir);
-        command.current_dir(dir);
-        command
-    };
+    // No kill_on_drop: a SIGKILLed helper would leave the container's processes to init.
+    // Closing its standard input (the table's stopper) is how it is stopped.
+    let (stdin, stop) = std::io::pipe()?;
+    let mut command = tokio::process::Command::new(crate::sandbox::helper()?);
     command
+        .arg0("pod-sandbox")
+        .arg("supervise")
+        .arg(program)
+        .args(&spec.argv[1..])
+        .stdin(stdin);
+    let dir = spec
+        .workdir
+        .as_deref()
+        .map(Path::new)
+        .filter(|dir| dir.is_dir())
+        .unwrap_or(&spec.pod_dir);
+    command
+        .current_dir(dir)
         .env_clear()
         .envs(&spec.env)
         .stdout(log)
         .stderr(log_err)
         .process_group(0);
     let child = command.spawn()?;
-    // The read end stays with the supervisor only, so that it sees end of file when ours closes.
+    // The read end stays with the helper only, so that it sees end of file when ours closes.
     drop(command);
     let pgid = child
         .id()
         .and_then(|id| i32::try_from(id).ok())
         .ok_or_else(|| std::io::Error::other("spawned process has no pid"))?;
-    table.insert(
-        pgid,
-        stop_pipe.map_or(Stopper::KillGroup, Stopper::Supervisor),
-    );
-    Ok(Running {
-        child,
-        guard: GroupGuard {
-            pgid,
-            in_bwrap: bwrap,
-            table: table.clone(),
-            done: false,
-            cgroup: opened.and_then(|open| open.cgroup),
-            terminated: std::collections::HashSet::new(),
-        },
-    })
+    let guard = table.register(pgid, Stopper::Supervisor(stop), None);
+    Ok(Running { child, guard })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn fds() -> BindFds {
-        BindFds {
-            pod_dir: 10,
-            program: None,
-            mounts: vec![11],
-            etc: vec![20, 21, 22, 23],
-            seccomp: Some(30),
-        }
-    }
-
-    fn text(args: Vec<OsString>) -> String {
-        args.into_iter()
-            .map(|a| a.into_string().unwrap())
-            .collect::<Vec<_>>()
-            .join(" ")
-    }
-
-    #[test]
-    fn bwrap_command_line_shows_only_the_system_directories_and_the_pod_dir() {
-        let root = vec![
-            RootEntry::Dir("usr".into()),
-            RootEntry::Symlink("bin".into(), "usr/bin".into()),
-        ];
-        let etc = vec!["/etc/ssl/certs".to_owned()];
-        let spec = LaunchSpec {
-            argv: vec!["/usr/bin/sh".into(), "-c".into(), "true".into()],
-            hostname: "pod-a".into(),
-            pod_dir: PathBuf::from("/sim/pods/a"),
-            identity: Identity {
-                uid: 1000,
-                gid: 1000,
-                user_namespace: true,
-                host_id: Some(7),
-            },
-            ..LaunchSpec::default()
-        };
-        let text = text(bwrap_args(&root, &etc, &spec, &fds()));
-        assert!(
-            text.starts_with(
-                "--tmpfs / --ro-bind /usr /usr --symlink usr/bin /bin --tmpfs /etc \
-                 --ro-bind /etc/ssl/certs /etc/ssl/certs --ro-bind-data 20 /etc/passwd \
-                 --ro-bind-data 21 /etc/group --ro-bind-data 22 /etc/hosts \
-                 --ro-bind-data 23 /etc/hostname "
-            ),
-            "{text}"
-        );
-        assert!(text.contains("--hostname pod-a"));
-        assert!(
-            text.contains("--unshare-user --uid 1000 --gid 1000 --disable-userns --cap-drop ALL"),
-            "{text}"
-        );
-        assert!(text.contains("--seccomp 30"));
-        assert!(text.contains("--bind-fd 10 /app"));
-        assert!(
-            text.ends_with("--remount-ro /etc --remount-ro / --chdir /app -- /usr/bin/sh -c true"),
-            "{text}"
-        );
-        // A program of the workspace is bound alone, at its own path.
-        let outside = LaunchSpec {
-            argv: vec!["/work/target/debug/sandbox-runtime".into()],
-            ..spec.clone()
-        };
-        let with_program = BindFds {
-            program: Some(12),
-            ..fds()
-        };
-        let text = self::text(bwrap_args(&root, &etc, &outside, &with_program));
-        assert!(
-            text.contains("--ro-bind-fd 12 /work/target/debug/sandbox-runtime"),
-            "{text}"
-        );
-    }
 
     #[test]
     fn the_pods_view_excludes_homes_var_and_credentials() {
@@ -1089,40 +692,6 @@ mod tests {
         assert!(in_system_dirs("/bin/sh"));
         assert!(!in_system_dirs("/tmp/x/script"));
         assert!(!in_system_dirs("/root/.cargo/bin/x"));
-    }
-
-    #[test]
-    fn a_mount_point_below_a_host_directory_splits_that_directory() {
-        let spec = LaunchSpec {
-            argv: vec!["/usr/bin/true".into()],
-            pod_dir: PathBuf::from("/sim/pods/a"),
-            mounts: vec![Mount {
-                host: PathBuf::from("/sim/pods/a/volumes/key"),
-                dest: "/usr/local/app/key".into(),
-                read_only: true,
-            }],
-            splits: vec![Split {
-                dir: "/usr/local".into(),
-                entries: vec![
-                    RootEntry::Dir("bin".into()),
-                    RootEntry::File("README".into()),
-                    RootEntry::Symlink("man".into(), "share/man".into()),
-                ],
-            }],
-            ..LaunchSpec::default()
-        };
-        let text = text(bwrap_args(
-            &[RootEntry::Dir("usr".into())],
-            &[],
-            &spec,
-            &fds(),
-        ));
-        let expected = "--tmpfs /usr/local --ro-bind /usr/local/bin /usr/local/bin \
-             --ro-bind /usr/local/README /usr/local/README \
-             --symlink share/man /usr/local/man --dir /usr/local/app/key \
-             --ro-bind-fd 11 /usr/local/app/key --remount-ro /usr/local --remount-ro /etc";
-        assert!(text.contains(expected), "{text}");
-        assert!(text.starts_with("--tmpfs / --ro-bind /usr /usr "), "{text}");
     }
 
     #[test]
@@ -1176,8 +745,11 @@ mod tests {
 
     #[test]
     fn isolation_parses() {
-        assert_eq!("bwrap".parse::<Isolation>(), Ok(Isolation::Bwrap));
+        assert_eq!("auto".parse::<Isolation>(), Ok(Isolation::Confined));
+        assert_eq!("confined".parse::<Isolation>(), Ok(Isolation::Confined));
         assert_eq!("strict".parse::<Isolation>(), Ok(Isolation::Strict));
-        assert!("docker".parse::<Isolation>().is_err());
+        assert_eq!("none".parse::<Isolation>(), Ok(Isolation::None));
+        let error = "bwrap".parse::<Isolation>().unwrap_err();
+        assert!(error.contains("confined, strict or none"), "{error}");
     }
 }

@@ -9,7 +9,8 @@
 //! `optional`, and these volumes are always mounted read-only.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Component, Path};
+use std::os::fd::OwnedFd;
+use std::path::{Component, Path, PathBuf};
 
 use serde_json::Value;
 
@@ -306,38 +307,161 @@ pub(crate) fn files(
     Ok(files)
 }
 
-/// Writes `files` into `dir`, which is emptied first (a volume shows its current data only).
-pub(crate) fn write_files(dir: &Path, files: &[File]) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt as _;
+/// Whether `name` can stand for one directory level: not empty, `.` or `..`, without `/` or
+/// NUL (what a name from the API must be before it is joined to a host path).
+fn is_plain_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\0'])
+}
+
+/// Refuses a pod whose names would become host paths outside the kubelet's directories: its
+/// namespace and name (the pod's directory), each volume's name (its directory) and each
+/// `persistentVolumeClaim.claimName` (the claim's directory). A real API server accepts a
+/// claim name such as `../../root`; this kubelet turns none into a path. The error names the
+/// field.
+pub(crate) fn validate_names(pod: &Value) -> Result<(), String> {
+    let text = |pointer: &str| {
+        pod.pointer(pointer)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+    };
+    let refuse = |field: String, value: &str| {
+        Err(format!(
+            "{field}: {value:?} cannot name a directory (it must not be empty, \".\" or \"..\", \
+             nor contain \"/\"); this node refuses the pod"
+        ))
+    };
+    for (field, pointer) in [
+        ("metadata.namespace", "/metadata/namespace"),
+        ("metadata.name", "/metadata/name"),
+    ] {
+        if !is_plain_name(text(pointer)) {
+            return refuse(field.to_owned(), text(pointer));
+        }
+    }
+    let volumes = pod
+        .pointer("/spec/volumes")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    for (index, volume) in volumes.iter().enumerate() {
+        let name = volume
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        if !is_plain_name(name) {
+            return refuse(format!("spec.volumes[{index}].name"), name);
+        }
+        if let Some(claim) = volume.pointer("/persistentVolumeClaim/claimName") {
+            let claim = claim.as_str().unwrap_or_default();
+            if !is_plain_name(claim) {
+                return refuse(
+                    format!("spec.volumes[{index}].persistentVolumeClaim.claimName"),
+                    claim,
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Opens (making it, mode 0755, when missing) directory `name` of the directory `parent`,
+/// without following a symbolic link; whether it was made.
+fn open_or_make_dir(parent: &OwnedFd, name: &str) -> std::io::Result<(OwnedFd, bool)> {
+    use rustix::fs::{Mode, OFlags};
+    let made = match rustix::fs::mkdirat(parent, name, Mode::from_raw_mode(0o755)) {
+        Ok(()) => true,
+        Err(rustix::io::Errno::EXIST) => false,
+        Err(error) => return Err(error.into()),
+    };
+    let fd = rustix::fs::openat(
+        parent,
+        name,
+        OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    Ok((fd, made))
+}
+
+/// Opens directory `path` (absolute, the kubelet's own) without following a symbolic link in
+/// its last component.
+fn open_dir(path: &Path) -> std::io::Result<OwnedFd> {
+    use rustix::fs::{Mode, OFlags};
+    Ok(rustix::fs::open(
+        path,
+        OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
+}
+
+/// The directory of claim `claim` in `namespace` below `base` (`base/namespace/claim`), made
+/// level by level through directory handles, never following a symbolic link. With `group`
+/// (a root kubelet's group of the namespace, which every pod of it has), the claim's
+/// directory belongs to that group, mode 2770 (new files and directories inherit the group),
+/// as a node applies a pod's `fsGroup`: set on the directory itself, never recursively.
+pub(crate) fn claim_dir(
+    base: &Path,
+    namespace: &str,
+    claim: &str,
+    group: Option<u32>,
+) -> std::io::Result<PathBuf> {
+    if !is_plain_name(namespace) || !is_plain_name(claim) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{namespace:?}/{claim:?} is not a claim's directory"),
+        ));
+    }
+    let base_fd = open_dir(base)?;
+    let (namespace_fd, _) = open_or_make_dir(&base_fd, namespace)?;
+    let (claim_fd, made) = open_or_make_dir(&namespace_fd, claim)?;
+    if let Some(group) = group {
+        use std::os::unix::fs::MetadataExt as _;
+        let metadata = std::fs::File::from(rustix::io::dup(&claim_fd)?).metadata()?;
+        if made || metadata.gid() != group || metadata.mode() & 0o7777 != 0o2770 {
+            rustix::fs::fchown(&claim_fd, None, Some(rustix::fs::Gid::from_raw(group)))?;
+            rustix::fs::fchmod(&claim_fd, rustix::fs::Mode::from_raw_mode(0o2770))?;
+        }
+    }
+    Ok(base.join(namespace).join(claim))
+}
+
+/// Writes `files` into `dir` (the kubelet's own), which is emptied first (a volume shows its
+/// current data only): each file made afresh through directory handles, never following a
+/// symbolic link, and given to `owner` (a root kubelet's pod uid, so that the pod reads files
+/// of mode 0400) before its data is written.
+pub(crate) fn write_files(dir: &Path, files: &[File], owner: Option<u32>) -> std::io::Result<()> {
+    use rustix::fs::{Mode, OFlags};
+    use std::io::Write as _;
     match std::fs::remove_dir_all(dir) {
         Ok(()) => {}
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
         Err(error) => return Err(error),
     }
     std::fs::create_dir_all(dir)?;
+    let top = open_dir(dir)?;
     for file in files {
-        let path = dir.join(&file.path);
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent)?;
+        let mut parts: Vec<&str> = file.path.split('/').filter(|p| !p.is_empty()).collect();
+        let Some(name) = parts.pop() else {
+            continue;
+        };
+        let mut parent = rustix::io::dup(&top)?;
+        for part in parts {
+            parent = open_or_make_dir(&parent, part)?.0;
         }
-        std::fs::write(&path, &file.data)?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(file.mode))?;
-    }
-    Ok(())
-}
-
-/// Gives `path` and everything below it (symlinks themselves, never what they point to) to
-/// uid and gid `id`, skipping what is already theirs.
-pub(crate) fn chown_tree(path: &Path, id: u32) -> std::io::Result<()> {
-    use std::os::unix::fs::MetadataExt as _;
-    let metadata = std::fs::symlink_metadata(path)?;
-    if metadata.uid() != id || metadata.gid() != id {
-        std::os::unix::fs::lchown(path, Some(id), Some(id))?;
-    }
-    if metadata.is_dir() {
-        for entry in std::fs::read_dir(path)? {
-            chown_tree(&entry?.path(), id)?;
+        let fd = rustix::fs::openat(
+            &parent,
+            name,
+            OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::WRONLY | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )?;
+        if let Some(owner) = owner {
+            rustix::fs::fchown(
+                &fd,
+                Some(rustix::fs::Uid::from_raw(owner)),
+                Some(rustix::fs::Gid::from_raw(owner)),
+            )?;
         }
+        rustix::fs::fchmod(&fd, Mode::from_raw_mode(file.mode))?;
+        std::fs::File::from(fd).write_all(&file.data)?;
     }
     Ok(())
 }
@@ -440,5 +564,89 @@ mod tests {
         assert_eq!(volumes.len(), 1);
         assert!(is_projection(volumes[0]));
         assert_eq!(needs(&volumes).0, [("secrets", "s".to_owned())]);
+    }
+
+    #[test]
+    fn names_that_would_leave_the_kubelets_directories_are_refused() {
+        let pod = |volumes: Value| json!({"metadata": {"namespace": "default", "name": "p"}, "spec": {"volumes": volumes}});
+        assert!(
+            validate_names(&pod(json!([{"name": "data", "emptyDir": {}},
+            {"name": "c", "persistentVolumeClaim": {"claimName": "claim-1"}}])))
+            .is_ok()
+        );
+        for (volumes, field) in [
+            (
+                json!([{"name": "c", "persistentVolumeClaim": {"claimName": "../x"}}]),
+                "spec.volumes[0].persistentVolumeClaim.claimName",
+            ),
+            (
+                json!([{"name": "ok", "emptyDir": {}},
+                    {"name": "c", "persistentVolumeClaim": {"claimName": "/etc"}}]),
+                "spec.volumes[1].persistentVolumeClaim.claimName",
+            ),
+            (
+                json!([{"name": "a/b", "emptyDir": {}}]),
+                "spec.volumes[0].name",
+            ),
+            (
+                json!([{"name": "..", "emptyDir": {}}]),
+                "spec.volumes[0].name",
+            ),
+            (
+                json!([{"name": "c", "persistentVolumeClaim": {"claimName": ""}}]),
+                "spec.volumes[0].persistentVolumeClaim.claimName",
+            ),
+        ] {
+            let error = validate_names(&pod(volumes)).unwrap_err();
+            assert!(error.starts_with(field), "{error}");
+        }
+        let traversing = json!({"metadata": {"namespace": "..", "name": "p"}});
+        assert!(
+            validate_names(&traversing)
+                .unwrap_err()
+                .starts_with("metadata.namespace")
+        );
+    }
+
+    #[test]
+    fn claim_directories_are_made_without_following_links() {
+        let base = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let dir = claim_dir(base.path(), "team", "claim", None).unwrap();
+        assert_eq!(dir, base.path().join("team/claim"));
+        assert!(dir.is_dir());
+        // A namespace directory swapped for a link to elsewhere is not followed.
+        std::fs::remove_dir_all(base.path().join("team")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), base.path().join("team")).unwrap();
+        assert!(claim_dir(base.path(), "team", "claim", None).is_err());
+        assert!(!outside.path().join("claim").exists());
+        assert!(claim_dir(base.path(), "..", "claim", None).is_err());
+    }
+
+    #[test]
+    fn volume_files_are_written_afresh_without_following_links() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let volume = dir.path().join("v");
+        let files = [File {
+            path: "sub/key".into(),
+            data: b"s3cret".to_vec(),
+            mode: 0o400,
+        }];
+        write_files(&volume, &files, None).unwrap();
+        assert_eq!(std::fs::read(volume.join("sub/key")).unwrap(), b"s3cret");
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(volume.join("sub/key"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o400);
+        // Rewritten: whatever was there (a link planted below it) is gone, nothing outside
+        // is written.
+        std::fs::remove_dir_all(volume.join("sub")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), volume.join("sub")).unwrap();
+        write_files(&volume, &files, None).unwrap();
+        assert!(!outside.path().join("key").exists());
+        assert!(volume.join("sub").is_dir());
     }
 }

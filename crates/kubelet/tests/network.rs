@@ -17,7 +17,7 @@ use std::time::Duration;
 use agent_sandbox_local::testkit::{
     INTERNET_ADDRESS as INTERNET, Internet, Tool, missing, own_network_command,
 };
-use agent_sandbox_sim::{Isolation, Sim, SimConfig};
+use agent_sandbox_sim::{Isolation, PodNetworks, Sim, SimConfig};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, LogParams, PostParams};
@@ -121,8 +121,8 @@ fn as_user_not_root(name: &str) -> bool {
 async fn sim() -> Sim {
     Sim::start(
         SimConfig::default()
-            .isolation(Isolation::Bwrap)
-            .own_pod_networks(true),
+            .isolation(Isolation::Confined)
+            .pod_networks(PodNetworks::Own),
     )
     .await
     .unwrap()
@@ -517,7 +517,7 @@ fn without_root_pods_get_networks_of_their_own_in_a_namespace_of_the_kubelets() 
         let sockets = sim
             .pod_sockets()
             .expect("pods are in the kubelet's namespace");
-        assert!(sockets().unwrap().connect(addr).await.is_ok());
+        assert!(sockets(addr.ip()).unwrap().connect(addr).await.is_ok());
         drop(sockets);
         sim.stop().await;
     });

@@ -47,10 +47,10 @@ async fn logs(pods: &Api<Pod>, name: &str) -> String {
 
 #[tokio::test]
 async fn projection_volumes_appear_at_their_mount_paths_read_only_with_their_modes() {
-    if missing(Tool::Bubblewrap) {
+    if missing(Tool::Confinement) {
         return;
     }
-    let sim = Sim::start(SimConfig::default().isolation(Isolation::Bwrap))
+    let sim = Sim::start(SimConfig::default().isolation(Isolation::Confined))
         .await
         .unwrap();
     let client = sim.client().unwrap();

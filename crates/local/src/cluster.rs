@@ -8,7 +8,9 @@ use std::time::Duration;
 use agent_sandbox::{ClientOptions, ConnectionMode};
 use agent_sandbox_api::{SandboxTemplate, SandboxWarmPool, kinds, wire};
 use agent_sandbox_router::{Auth, Router, Secret, SharedIndex};
-use agent_sandbox_sim::{Isolation, RequestCounts, Sim, SimConfig, runtime_entry};
+use agent_sandbox_sim::{
+    Isolation, PodNetworks as SimNetworks, RequestCounts, Sim, SimConfig, runtime_entry,
+};
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use tokio::task::JoinHandle;
@@ -173,17 +175,24 @@ impl LocalCluster {
         };
 
         let (program, args) = config.runtime.to_sim();
-        let own_networks = match config.networks {
-            PodNetworks::Host => false,
-            PodNetworks::Own => true,
-            PodNetworks::Auto => {
-                config.isolation.resolve() == Some(Isolation::Bwrap)
-                    && agent_sandbox_sim::PodNetwork::bridge_available().is_ok()
-            }
+        let networks = match config.networks.resolve() {
+            // Plain processes share the host's network, whatever was asked.
+            _ if config.isolation == Isolation::None => SimNetworks::Host,
+            PodNetworks::Host => SimNetworks::Host,
+            PodNetworks::Own => SimNetworks::Own,
+            PodNetworks::Isolated | PodNetworks::Auto => SimNetworks::Isolated,
         };
+        let own_networks = networks == SimNetworks::Own;
+        if config.router_pod.is_some() && networks == SimNetworks::Isolated {
+            return Err(Error::RouterPodNeedsNetwork {
+                why: agent_sandbox_sim::PodNetwork::bridge_available()
+                    .err()
+                    .unwrap_or_else(|| "isolated pod networks were asked for".to_owned()),
+            });
+        }
         let mut sim_config = SimConfig::default()
             .isolation(config.isolation)
-            .own_pod_networks(own_networks)
+            .pod_networks(networks)
             .port(config.api_port)
             .image(runtime_entry("*runtime*", program).args(args));
         if let Some(dir) = &data_dir {
@@ -370,6 +379,26 @@ impl LocalCluster {
     /// The pod isolation in effect.
     pub fn isolation(&self) -> Isolation {
         self.sim.isolation()
+    }
+
+    /// What a command starting this cluster tells its user first, one line each: what pods
+    /// get (and lack), and a warning when they are not isolated or have no internet.
+    pub fn startup_notes(&self) -> Vec<String> {
+        let protections = self.protections();
+        let mut notes = Vec::new();
+        if self.isolation() == Isolation::None {
+            notes.push(
+                "WARNING: pods run UNCONFINED (--isolation none): the code they run has your \
+                 user's rights, files, credentials and network"
+                    .to_owned(),
+            );
+        } else {
+            notes.push(protections.summary());
+        }
+        if let Some(internet) = &protections.internet {
+            notes.push(format!("warning: {internet}"));
+        }
+        notes
     }
 
     /// The in-process router's URL, else the router pod's (both reachable from this host); `None`

@@ -8,11 +8,11 @@ use crate::runtime::RUNTIME_SUBCOMMAND;
 
 /// How the routers of a local cluster authenticate requests.
 ///
-/// The in-process router listens on 127.0.0.1 only, but pods of the simulated cluster share the
-/// host's network, so code running *in* a sandbox can reach it; with `none` it could drive every
-/// other sandbox through it. The default, [`RouterAuth::Token`], is a random 32-byte bearer
-/// token per cluster, written with mode 0600 to the data directory (which bubblewrapped pods
-/// cannot see when it is under `/tmp`: their `/tmp` is private). [`RouterAuth::Scoped`] is the
+/// The in-process router listens on 127.0.0.1 only, and confined pods have networks of their
+/// own, but pods that share the host's network ([`PodNetworks::Host`], or `--isolation none`)
+/// can reach it; with `none` they could drive every other sandbox through it. The default,
+/// [`RouterAuth::Token`], is a random 32-byte bearer token per cluster, written with mode 0600
+/// to the data directory (which confined pods cannot see). [`RouterAuth::Scoped`] is the
 /// production model (a token per sandbox, minted with the cluster's signing key); `none`
 /// remains for experiments and for tests that play an unauthenticated client.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -51,17 +51,24 @@ impl RouterAuth {
     }
 }
 
-/// Whether a local cluster's pods get networks of their own.
+/// Which networks a local cluster's pods get. Confined pods always have a network namespace of
+/// their own unless [`PodNetworks::Host`] is asked for; plain processes (`--isolation none`)
+/// share the host's.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum PodNetworks {
-    /// Their own where this machine allows it (`ip`, `nft`, root or user namespaces, and
-    /// bubblewrap isolation), else the host's (said at start-up).
+    /// [`PodNetworks::Own`] where this machine allows it (`ip`, `nft`, root or user
+    /// namespaces), else [`PodNetworks::Isolated`] (said at start-up): never more access than
+    /// the machine can confine.
     Auto,
-    /// Their own, or refuse to start.
+    /// On a bridge of the node: pods reach each other, the API server and (with root or
+    /// `slirp4netns`) the internet, as their NetworkPolicies allow; or refuse to start.
     Own,
-    /// The host's network with loopback pod IPs (the library's default, and what tests that
-    /// must not touch the machine's network use).
+    /// Loopback only (the library's default: it needs nothing but user namespaces and changes
+    /// nothing of the machine's network): pods reach nothing, only the node reaches them.
     #[default]
+    Isolated,
+    /// The host's network, shared, with loopback pod IPs (for tests whose pods must reach
+    /// this process, such as a router pod, without a bridge).
     Host,
 }
 
@@ -71,8 +78,38 @@ impl std::str::FromStr for PodNetworks {
         match text {
             "auto" => Ok(Self::Auto),
             "own" => Ok(Self::Own),
+            "isolated" => Ok(Self::Isolated),
             "host" => Ok(Self::Host),
-            other => Err(format!("unknown pod network {other:?} (auto, own or host)")),
+            other => Err(format!(
+                "unknown pod network {other:?} (auto, own, isolated or host)"
+            )),
+        }
+    }
+}
+
+impl PodNetworks {
+    /// `Auto` decided for this machine: `Own` where pods can have networks of their own on a
+    /// bridge, else `Isolated`; the others as they are.
+    pub fn resolve(self) -> Self {
+        match self {
+            Self::Auto if agent_sandbox_sim::PodNetwork::bridge_available().is_ok() => Self::Own,
+            Self::Auto => Self::Isolated,
+            other => other,
+        }
+    }
+
+    /// The networks a user of a command may ask for (`--network`): `auto`, `own` or
+    /// `isolated`. Sharing this machine's network (`host`) is not one: pods get that only as
+    /// plain processes, `--isolation none`.
+    pub fn for_users(text: &str) -> Result<Self, String> {
+        match text {
+            "host" => Err(
+                "host is not offered: confined pods always have a network of their own; only \
+                 --isolation none (pods as plain processes, NOT isolated) shares this machine's \
+                 network (choose auto, own or isolated)"
+                    .to_owned(),
+            ),
+            other => other.parse(),
         }
     }
 }
@@ -116,9 +153,9 @@ pub struct LocalConfig {
     pub data_dir: Option<PathBuf>,
     /// Where to write the kubeconfig (default: `kubeconfig` in the data directory).
     pub kubeconfig: Option<PathBuf>,
-    /// Pod isolation (default: bubblewrap when it works).
+    /// Pod isolation (default: confined, or refuse to start where pods cannot be confined).
     pub isolation: Isolation,
-    /// Pod networks (default: the host's; the CLI's `--network` defaults to `auto`).
+    /// Pod networks (default: isolated; the CLI's `--network` defaults to `auto`).
     pub networks: PodNetworks,
     /// Port of the API server on 127.0.0.1 (0: chosen by the OS).
     pub api_port: u16,
@@ -154,8 +191,8 @@ impl Default for LocalConfig {
         Self {
             data_dir: None,
             kubeconfig: None,
-            isolation: Isolation::Auto,
-            networks: PodNetworks::Host,
+            isolation: Isolation::Confined,
+            networks: PodNetworks::Isolated,
             api_port: 0,
             in_process_router: true,
             router_port: 0,

@@ -30,6 +30,16 @@ pub enum Error {
         /// Cause (boxed: the sim's error is large).
         source: Box<agent_sandbox_sim::Error>,
     },
+    /// A router pod was asked for where pods get loopback only (it must reach the API server
+    /// and the sandboxes).
+    #[error(
+        "a router pod needs pods on a network of their own, which this machine cannot give: \
+         {why}; use the in-process router, or install what is missing"
+    )]
+    RouterPodNeedsNetwork {
+        /// What is missing.
+        why: String,
+    },
     /// The in-process router could not bind its listener.
     #[error("failed to start the local router: {source}")]
     RouterStart {

@@ -66,19 +66,22 @@ pub struct Config {
     pub access_log: bool,
     /// How long an idle pooled connection to a pod is kept.
     pub pool_idle_timeout: Duration,
-    /// Where sockets for connections to pods come from, when pods live in a network namespace
-    /// this process is not in (an embedded router of a local cluster whose kubelet is not
-    /// root); `None`: ordinary sockets.
+    /// Where sockets for connections to pods come from, when pods live in network namespaces
+    /// this process is not in (an embedded router of a local cluster: pods with loopback only,
+    /// or a kubelet that is not root); `None`: ordinary sockets.
     pub pod_sockets: Option<PodSockets>,
     /// Writes of a sandbox's `status.lastActivityTime` are at least this far apart (a quarter
     /// of its `activeTTLSeconds` when that is shorter).
     pub activity_interval: Duration,
 }
 
-/// A maker of sockets for connections to pods ([`Config::pod_sockets`]).
+/// A maker of sockets for connections to pods ([`Config::pod_sockets`]): given the pod IP to
+/// connect to, a socket made where that IP is reachable.
 #[derive(Clone)]
 pub struct PodSockets(
-    pub std::sync::Arc<dyn Fn() -> std::io::Result<tokio::net::TcpSocket> + Send + Sync>,
+    pub  std::sync::Arc<
+        dyn Fn(std::net::IpAddr) -> std::io::Result<tokio::net::TcpSocket> + Send + Sync,
+    >,
 );
 
 impl std::fmt::Debug for PodSockets {

@@ -74,7 +74,7 @@ async fn connect_once(
 ) -> io::Result<TcpStream> {
     let connect = async {
         match sockets {
-            Some(PodSockets(make)) => make()?.connect(addr).await,
+            Some(PodSockets(make)) => make(addr.ip())?.connect(addr).await,
             None => TcpStream::connect(addr).await,
         }
     };

@@ -112,8 +112,8 @@ async fn smoke(mode: ConnectionKind) {
         .unwrap();
     eprintln!("[{mode:?}] run: {:?}", hello.stdout);
     assert_eq!(hello.exit_code, 0, "{hello:?}");
-    if harness.isolation() == Isolation::Bwrap {
-        // Under bubblewrap a pod has its own UTS namespace named after the pod.
+    if harness.isolation() == Isolation::Confined {
+        // A confined pod has its own UTS namespace named after the pod.
         assert_eq!(hello.stdout, format!("hello from {}\n", sandbox.pod_name()));
     } else {
         assert!(hello.stdout.starts_with("hello from ") && !hello.stdout.contains("$("));

@@ -28,11 +28,6 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    /// `--isolation bwrap` without a working bubblewrap.
-    #[error(
-        "bubblewrap isolation was requested but `bwrap` is missing or cannot create namespaces here"
-    )]
-    NoBwrap,
     /// A kube client could not be built.
     #[error("failed to build a kube client for {url}")]
     Client {
@@ -95,8 +90,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     /// Whether the configuration the sim was given cannot be used (the port, the data
-    /// directory, the kubeconfig path, bubblewrap isolation without bubblewrap, strict isolation
-    /// where a protection is missing), rather than
+    /// directory, the kubeconfig path, confinement where pods cannot be confined, strict
+    /// isolation where a protection is missing), rather than
     /// something failing in the sim itself: `kube-sim` exits with code 2 for these, as for a bad
     /// command line.
     pub fn is_configuration(&self) -> bool {
@@ -105,9 +100,9 @@ impl Error {
             Self::DataDir { .. }
                 | Self::Bind { .. }
                 | Self::Kubeconfig { .. }
-                | Self::NoBwrap
                 | Self::Kubelet {
                     source: agent_sandbox_kubelet::Error::NotStrict { .. }
+                        | agent_sandbox_kubelet::Error::Unconfinable { .. }
                 }
         )
     }

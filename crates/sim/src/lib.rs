@@ -56,7 +56,7 @@ use tokio::task::JoinSet;
 // The kubelet's configuration types, where the sim's users have always found them.
 pub use agent_sandbox_kubelet::{
     DefaultReadiness, ImageEntry, ImageTable, Isolation, PodNetwork, PodSockets, Program,
-    Protections, bwrap_available, runtime_entry,
+    Protections, confinement, runtime_entry,
 };
 pub use api_error::ApiError;
 pub use error::{Error, Result};
@@ -93,13 +93,26 @@ pub struct SimConfig {
     pub bookmark_interval: Duration,
     /// Readiness probe interval until a container is first ready.
     pub fast_probe_interval: Duration,
+    /// The pods' networks (confined pods; plain processes share the host's).
+    pub pod_networks: PodNetworks,
+}
+
+/// The networks of a sim's pods.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PodNetworks {
+    /// Each pod in a network namespace of its own with loopback only (the default): it
+    /// reaches nothing, and only the node reaches it ([`Sim::pod_sockets`]).
+    #[default]
+    Isolated,
     /// Each pod in a network namespace of its own on a bridge of the node (a free /20 of
     /// 10.200.0.0/13), its NetworkPolicies enforced, the `kubernetes` Service (10.96.0.1:443)
-    /// forwarded to this API server: needs bubblewrap isolation, `ip`, `nft`, and root or user
-    /// namespaces (without root the bridge is in a network namespace of the kubelet's own,
-    /// [`Sim::pod_sockets`]; starting fails otherwise). Off by default: pods then share the
-    /// host's network with loopback pod IPs.
-    pub own_pod_networks: bool,
+    /// forwarded to this API server: needs `ip`, `nft`, and root or user namespaces (without
+    /// root the bridge is in a network namespace of the kubelet's own, [`Sim::pod_sockets`];
+    /// starting fails otherwise).
+    Own,
+    /// The host's network, shared, with loopback pod IPs (pods reach the host's loopback:
+    /// for tests whose pods must reach this process without a bridge).
+    Host,
 }
 
 /// The `kubernetes` Service's cluster IP in the sim.
@@ -107,8 +120,20 @@ pub const KUBERNETES_SERVICE_IP: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10
 
 /// The kubelet's network settings for `config`, with the API server at `api`.
 fn pod_networks(config: &SimConfig, api: SocketAddr, base: KubeletConfig) -> Result<KubeletConfig> {
-    if !config.own_pod_networks {
-        return Ok(base);
+    match config.pod_networks {
+        PodNetworks::Own => {}
+        PodNetworks::Isolated => {
+            return Ok(KubeletConfig {
+                pod_network: PodNetwork::Isolated,
+                ..base
+            });
+        }
+        PodNetworks::Host => {
+            return Ok(KubeletConfig {
+                pod_network: PodNetwork::Loopback,
+                ..base
+            });
+        }
     }
     let network = agent_sandbox_kubelet::PodNetwork::free_bridge(Some(api)).ok_or_else(|| {
         Error::Kubelet {
@@ -128,23 +153,23 @@ impl Default for SimConfig {
     fn default() -> Self {
         Self {
             port: 0,
-            isolation: Isolation::Auto,
+            isolation: Isolation::Confined,
             images: ImageTable::with_defaults(),
             kubeconfig: None,
             data_dir: None,
             watch_history: 10_000,
             bookmark_interval: Duration::from_secs(5),
             fast_probe_interval: Duration::from_millis(10),
-            own_pod_networks: false,
+            pod_networks: PodNetworks::Isolated,
         }
     }
 }
 
 impl SimConfig {
-    /// Gives each pod a network namespace of its own (with bubblewrap isolation):
-    /// see the field of that name.
-    pub fn own_pod_networks(mut self, own: bool) -> Self {
-        self.own_pod_networks = own;
+    /// Sets the pods' networks: see [`PodNetworks`].
+    #[must_use]
+    pub fn pod_networks(mut self, networks: PodNetworks) -> Self {
+        self.pod_networks = networks;
         self
     }
 
@@ -352,7 +377,6 @@ impl Sim {
                 source,
             })?;
         }
-        let isolation = config.isolation.resolve().ok_or(Error::NoBwrap)?;
         let objects = Arc::new(ApiObjects::new(config.watch_history));
         seed(&objects)?;
 
@@ -374,12 +398,7 @@ impl Sim {
                 client_for(&base_url, Some(api::NODE_USER_AGENT))?,
                 KubeletConfig {
                     images: config.images.clone(),
-                    // Strict stays strict: the kubelet checks that every protection works.
-                    isolation: if config.isolation == Isolation::Strict {
-                        Isolation::Strict
-                    } else {
-                        isolation
-                    },
+                    isolation: config.isolation,
                     fast_probe_interval: config.fast_probe_interval,
                     ..pod_networks(&config, addr, KubeletConfig::new(NODE_NAME, &data_dir))?
                 },
@@ -436,6 +455,7 @@ impl Sim {
                 source,
             }
         })?;
+        let isolation = kubelet.isolation();
         let sim = Self {
             addr,
             base_url,
@@ -454,7 +474,7 @@ impl Sim {
             .start()
             .await
             .map_err(|source| Error::Kubelet { source })?;
-        tracing::info!(base_url = %sim.base_url, kubeconfig = %sim.kubeconfig.display(), ?isolation, "simulated cluster ready");
+        tracing::info!(base_url = %sim.base_url, kubeconfig = %sim.kubeconfig.display(), %isolation, "simulated cluster ready");
         Ok(sim)
     }
 
@@ -489,7 +509,7 @@ impl Sim {
         self.kubelet.pod_sockets()
     }
 
-    /// The isolation pods actually get (`Auto` resolved).
+    /// The isolation pods actually get (`Confined` or `None`).
     pub fn isolation(&self) -> Isolation {
         self.isolation
     }

@@ -30,9 +30,10 @@ struct Args {
     /// Port on 127.0.0.1 (0: chosen by the OS).
     #[arg(long, env = "KUBE_SIM_PORT", default_value_t = 0)]
     port: u16,
-    /// Pod isolation: auto (the strongest this machine supports), bwrap, strict (refuse to
-    /// start unless every protection works) or none.
-    #[arg(long, env = "KUBE_SIM_ISOLATION", default_value = "auto")]
+    /// Pod isolation: confined (namespaces of each pod's own; refuses to start where pods
+    /// cannot be confined), strict (refuse to start unless every protection works) or none
+    /// (plain processes, NOT isolated).
+    #[arg(long, env = "KUBE_SIM_ISOLATION", default_value = "confined")]
     isolation: Isolation,
     /// Directory for pods' files and logs (default: a temporary directory).
     #[arg(long, env = "KUBE_SIM_DATA_DIR")]
@@ -125,8 +126,9 @@ fn hint(error: &anyhow::Error) -> &'static str {
         Some(Error::Bind { .. }) => "; choose another --port (0 lets the system choose)",
         Some(Error::DataDir { .. }) => "; choose another --data-dir",
         Some(Error::Kubeconfig { .. }) => "; choose another --kubeconfig",
-        Some(Error::NoBwrap) => "; install bubblewrap or use --isolation auto or none",
-        Some(Error::Kubelet { .. }) => "; or use --isolation auto, which reports what is missing",
+        Some(Error::Kubelet { .. }) => {
+            "; or use --isolation confined, which reports what is missing"
+        }
         _ => "",
     }
 }
@@ -151,7 +153,7 @@ async fn serve(args: Args) -> Result<()> {
         .await
         .context("failed to start the simulated cluster")?;
     eprintln!(
-        "kube-sim: serving {} (isolation {:?}); kubeconfig {}",
+        "kube-sim: serving {} (isolation {}); kubeconfig {}",
         sim.base_url(),
         sim.isolation(),
         sim.kubeconfig_path().display()

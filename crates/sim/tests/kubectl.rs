@@ -85,7 +85,7 @@ async fn kubectl_runs_waits_for_lists_and_deletes_a_runtime_pod() {
     require_kubectl!();
     // Built next to the test binaries, where the default image table finds it.
     runtime_binary();
-    let sim = Sim::start(SimConfig::default().isolation(Isolation::Auto))
+    let sim = Sim::start(SimConfig::default().isolation(Isolation::Confined))
         .await
         .unwrap();
     let kubectl = Kubectl::new(&sim);
@@ -369,7 +369,7 @@ async fn kubectl_port_forward_through_the_websocket_tunnel_carries_bytes_both_wa
 /// SPDY, and checks the bytes both ways over two connections of one session.
 async fn port_forward_carries_bytes_both_ways(websockets: bool) {
     use tokio::io::AsyncBufReadExt as _;
-    let sim = Sim::start(SimConfig::default().isolation(Isolation::Auto))
+    let sim = Sim::start(SimConfig::default().isolation(Isolation::Confined))
         .await
         .unwrap();
     let kubectl = Kubectl::new(&sim);

@@ -62,7 +62,7 @@ async fn runs_commands_and_follows_restart_policy(isolation: Isolation) {
     let ip = done.status.as_ref().unwrap().pod_ip.clone().unwrap();
     assert!(ip.starts_with("127.") && ip != "127.0.0.1", "{ip}");
     let logs = pods.logs("hello", &LogParams::default()).await.unwrap();
-    if isolation == Isolation::Bwrap {
+    if isolation == Isolation::Confined {
         // Under bubblewrap the pod has its own UTS namespace named after the pod.
         assert_eq!(logs, "hello from hello\n");
     } else {
@@ -100,18 +100,18 @@ async fn pods_run_commands_and_follow_restart_policy_without_isolation() {
 
 #[tokio::test]
 async fn pods_run_commands_and_follow_restart_policy_in_bubblewrap() {
-    if missing(Tool::Bubblewrap) {
+    if missing(Tool::Confinement) {
         return;
     }
-    runs_commands_and_follows_restart_policy(Isolation::Bwrap).await;
+    runs_commands_and_follows_restart_policy(Isolation::Confined).await;
 }
 
 #[tokio::test]
 async fn bubblewrap_gives_pods_a_read_only_root_and_a_writable_app_directory() {
-    if missing(Tool::Bubblewrap) {
+    if missing(Tool::Confinement) {
         return;
     }
-    let sim = sim(Isolation::Bwrap).await;
+    let sim = sim(Isolation::Confined).await;
     let pods: Api<Pod> = Api::default_namespaced(sim.client().unwrap());
     let script = "pwd; echo ok > /app/file && cat /app/file; touch /etc/sim-test 2>/dev/null || echo read-only; \
                   touch /tmp/x && echo tmp-ok; echo pid $$";
@@ -212,15 +212,15 @@ async fn deleting_a_pod_stops_its_processes_without_isolation() {
 
 #[tokio::test]
 async fn deleting_a_pod_stops_its_processes_in_bubblewrap() {
-    if missing(Tool::Bubblewrap) {
+    if missing(Tool::Confinement) {
         return;
     }
-    deletion_stops_processes(Isolation::Bwrap).await;
+    deletion_stops_processes(Isolation::Confined).await;
 }
 
 #[tokio::test]
 async fn dropping_the_sim_kills_every_pod_process() {
-    for isolation in [Isolation::None, Isolation::Auto] {
+    for isolation in [Isolation::None, Isolation::Confined] {
         let sim = sim(isolation).await;
         let pods: Api<Pod> = Api::default_namespaced(sim.client().unwrap());
         pods.create(
@@ -242,7 +242,7 @@ async fn dropping_the_sim_kills_every_pod_process() {
 
 #[tokio::test]
 async fn stopping_the_sim_kills_every_pod_process() {
-    let sim = sim(Isolation::Auto).await;
+    let sim = sim(Isolation::Confined).await;
     let pods: Api<Pod> = Api::default_namespaced(sim.client().unwrap());
     pods.create(
         &PostParams::default(),
@@ -260,7 +260,7 @@ async fn stopping_the_sim_kills_every_pod_process() {
 
 #[tokio::test]
 async fn readiness_probes_gate_the_ready_condition() {
-    let sim = sim(Isolation::Auto).await;
+    let sim = sim(Isolation::Confined).await;
     let pods: Api<Pod> = Api::default_namespaced(sim.client().unwrap());
     let probed: Pod = serde_json::from_value(json!({
         "metadata": {"name": "probed"},
@@ -286,7 +286,7 @@ async fn readiness_probes_gate_the_ready_condition() {
 
 #[tokio::test]
 async fn environment_downward_api_config_maps_and_init_containers() {
-    let sim = sim(Isolation::Auto).await;
+    let sim = sim(Isolation::Confined).await;
     let client = sim.client().unwrap();
     let maps: Api<ConfigMap> = Api::default_namespaced(client.clone());
     let map: ConfigMap = serde_json::from_value(
@@ -576,8 +576,8 @@ async fn no_process_outlives_its_pod_without_isolation() {
 
 #[tokio::test]
 async fn no_process_outlives_its_pod_in_bubblewrap() {
-    if missing(Tool::Bubblewrap) {
+    if missing(Tool::Confinement) {
         return;
     }
-    no_process_outlives_its_pod(Isolation::Bwrap).await;
+    no_process_outlives_its_pod(Isolation::Confined).await;
 }

@@ -59,7 +59,7 @@ async fn read_response(stream: &mut tokio::io::DuplexStream) -> String {
 #[tokio::test]
 async fn port_forward_reaches_the_runtime_in_a_pod() {
     let config = SimConfig::default()
-        .isolation(Isolation::Auto)
+        .isolation(Isolation::Confined)
         .image(runtime_entry("*runtime*", Program::Path(runtime_binary())));
     let sim = Sim::start(config).await.unwrap();
     let pods = ready_runtime_pod(&sim).await;

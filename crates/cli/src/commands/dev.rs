@@ -3,7 +3,8 @@
 use std::time::Duration;
 
 use agent_sandbox_local::{
-    DEFAULT_NAMESPACE, DEFAULT_POOL, DEFAULT_TEMPLATE, LocalCluster, LocalConfig, RouterAuth,
+    DEFAULT_NAMESPACE, DEFAULT_POOL, DEFAULT_TEMPLATE, LocalCluster, LocalConfig, PodNetworks,
+    RouterAuth,
 };
 
 use crate::cli::{DevArgs, ENV_ROUTER_TOKEN, ENV_ROUTER_URL, ENV_SIGNING_KEY_FILE};
@@ -14,17 +15,19 @@ use crate::spinner::Spinner;
 pub async fn dev(args: DevArgs) -> Result<i32> {
     let auth: RouterAuth = args.auth.parse().map_err(Error::Usage)?;
     // The router also as a pod behind `sandbox-router-svc`, as an installation has it (upstream's
-    // SDKs' default modes port-forward to that Service), when its binary sits next to ours.
+    // SDKs' default modes port-forward to that Service), when its binary sits next to ours and
+    // pods have networks of their own (it reaches the API server and the sandboxes).
+    let networks = args.network.resolve();
     let router_pod = std::env::current_exe()
         .ok()
         .and_then(|exe| exe.parent().map(|dir| dir.join("sandbox-router")))
-        .filter(|path| path.is_file());
+        .filter(|path| path.is_file() && networks == PodNetworks::Own);
     let config = LocalConfig {
         router_pod,
         data_dir: args.data_dir.clone(),
         kubeconfig: args.kubeconfig_out.clone(),
         isolation: args.isolation,
-        networks: args.network,
+        networks,
         api_port: args.api_port,
         router_port: args.router_port,
         router_auth: auth,
@@ -88,7 +91,7 @@ fn banner(cluster: &LocalCluster, replicas: i32) -> String {
     }
     format!(
         "\
-Local agent-sandbox cluster is up (simulated API, controller, router; pods are local processes, isolation: {isolation:?}).
+Local agent-sandbox cluster is up (simulated API, controller, router; pods run on this machine, isolation: {isolation}).
 Sandboxes: {protections}.
 
   API server    {api}
@@ -116,15 +119,15 @@ From Rust (the SDK, crate agent-sandbox), with that environment:
 Ctrl-C stops everything.
 ",
         isolation = cluster.isolation(),
-        protections = cluster.protections().summary(),
+        protections = cluster.startup_notes().join(".\n"),
         router_pod = match cluster.router_pod_url() {
             Some(url) => format!(
                 "{url} behind {}/{} (port-forward mode)",
                 agent_sandbox_api::wire::SYSTEM_NAMESPACE,
                 agent_sandbox_api::wire::ROUTER_SERVICE
             ),
-            None => "none (it needs the sandbox-router binary next to sandboxctl: \
-                     port-forward mode has no Service to reach)"
+            None => "none (it needs the sandbox-router binary next to sandboxctl and pods on a \
+                     network of their own: port-forward mode has no Service to reach)"
                 .to_owned(),
         },
         api = cluster.api_url(),

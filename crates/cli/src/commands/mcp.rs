@@ -95,13 +95,8 @@ pub async fn mcp(global: &ConnectArgs, args: McpArgs) -> Result<i32> {
         started.elapsed().as_millis(),
         args.replicas
     );
-    let missing = cluster.protections().missing();
-    if !missing.is_empty() {
-        eprintln!(
-            "sandboxctl mcp: warning: local sandboxes lack {} (--isolation strict refuses to \
-             run without them)",
-            missing.join("; ")
-        );
+    for note in cluster.startup_notes() {
+        eprintln!("sandboxctl mcp: {note}");
     }
     let mut global = global.clone();
     global.router_url = cluster.router_url().map(str::to_owned);

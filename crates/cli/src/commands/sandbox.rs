@@ -290,16 +290,8 @@ pub async fn run_local(global: &ConnectArgs, args: RunArgs) -> Result<i32> {
         "sandboxctl: local cluster up with a warm sandbox in {}",
         millis(started.elapsed())
     );
-    let missing = local.protections().missing();
-    if !missing.is_empty() {
-        eprintln!(
-            "sandboxctl: warning: local sandboxes lack {} (--isolation strict refuses to run \
-             without them)",
-            missing.join("; ")
-        );
-    }
-    if let Some(internet) = &local.protections().internet {
-        eprintln!("sandboxctl: warning: {internet}");
+    for note in local.startup_notes() {
+        eprintln!("sandboxctl: {note}");
     }
     let mut global = global.clone();
     global.router_url = local.router_url().map(str::to_owned);

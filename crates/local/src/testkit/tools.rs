@@ -8,7 +8,7 @@ use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-/// Names of tools (`kubectl,bwrap`) a CI run knowingly lacks: they skip even under `CI=true`.
+/// Names of tools (`kubectl,userns`) a CI run knowingly lacks: they skip even under `CI=true`.
 pub const ALLOW_MISSING_ENV: &str = "AGENT_SANDBOX_TESTS_ALLOW_MISSING";
 
 /// A program from the machine that a test needs.
@@ -16,14 +16,15 @@ pub const ALLOW_MISSING_ENV: &str = "AGENT_SANDBOX_TESTS_ALLOW_MISSING";
 pub enum Tool {
     /// `kubectl` (a client nobody here wrote; renders manifests and talks to the sim).
     Kubectl,
-    /// bubblewrap (`bwrap`), able to create the namespaces of the sim's pod isolation.
-    Bubblewrap,
+    /// User namespaces in which the kubelet confines pods (nothing to install: a kernel that
+    /// allows them).
+    Confinement,
     /// `python3` (the sandboxes of the local cluster run the host's tools).
     Python3,
     /// The Kubernetes control plane (`kube-apiserver`, `kube-controller-manager`,
     /// `kube-scheduler`, `etcd`, next to each other on `PATH`), as `cargo xtask tools` builds it.
     ControlPlane,
-    /// Pod networks of their own made by a test as root: root, bubblewrap, `ip`, `nft`
+    /// Pod networks of their own made by a test as root: root, confinement, `ip`, `nft`
     /// (nftables) and `unshare` (the test makes a network namespace of its own for them).
     PodNetworks,
     /// `slirp4netns` (a kubelet that is not root gives its pods the host's network with it)
@@ -38,7 +39,7 @@ impl Tool {
     pub fn name(self) -> &'static str {
         match self {
             Self::Kubectl => "kubectl",
-            Self::Bubblewrap => "bwrap",
+            Self::Confinement => "userns",
             Self::Python3 => "python3",
             Self::ControlPlane => "kube-apiserver",
             Self::PodNetworks => "nft",
@@ -71,9 +72,9 @@ impl Tool {
                 "cargo xtask tools (builds it from its Go module), then \
                  export PATH=\"$(cargo xtask tools --print-bin-dir):$PATH\" (bash .ci/run does both)"
             }
-            Self::Bubblewrap => {
-                "apt-get install bubblewrap (bash .ci/run installs it); it also needs unprivileged \
-                 user namespaces"
+            Self::Confinement => {
+                "enable user namespaces (sysctl -w user.max_user_namespaces=15000; on Debian \
+                 kernels also kernel.unprivileged_userns_clone=1)"
             }
             Self::Python3 => "apt-get install python3 (bash .ci/run installs it)",
             Self::Slirp4netns => {
@@ -81,8 +82,8 @@ impl Tool {
                  (apt-get install slirp4netns util-linux; bash .ci/run installs them)"
             }
             Self::PodNetworks => {
-                "run as root with bubblewrap, iproute2, nftables and util-linux \
-                 (apt-get install bubblewrap iproute2 nftables util-linux; bash .ci/run installs them)"
+                "run as root with iproute2, nftables and util-linux \
+                 (apt-get install iproute2 nftables util-linux; bash .ci/run installs them)"
             }
         }
     }
@@ -91,13 +92,13 @@ impl Tool {
     pub fn unavailable(self) -> Option<String> {
         let works = match self {
             Self::Kubectl => runs("kubectl", &["version", "--client"]),
-            Self::Bubblewrap => agent_sandbox_sim::bwrap_available(),
+            Self::Confinement => agent_sandbox_sim::confinement().is_ok(),
             Self::Python3 => runs("python3", &["--version"]),
             Self::Helm => runs("helm", &["version", "--short"]),
             Self::ControlPlane => Self::control_plane_dir().is_some(),
             Self::PodNetworks => {
                 is_root()
-                    && agent_sandbox_sim::bwrap_available()
+                    && agent_sandbox_sim::confinement().is_ok()
                     && agent_sandbox_sim::PodNetwork::bridge_available().is_ok()
             }
             Self::Slirp4netns => {
@@ -105,9 +106,10 @@ impl Tool {
             }
         };
         (!works).then(|| match self {
-            Self::Bubblewrap => {
-                "bubblewrap (bwrap) is not installed or cannot create namespaces here".to_owned()
-            }
+            Self::Confinement => format!(
+                "pods cannot be confined here: {}",
+                agent_sandbox_sim::confinement().err().unwrap_or_default()
+            ),
             Self::ControlPlane => "kube-apiserver, kube-controller-manager, kube-scheduler, etcd \
                                    and kubectl are not together in a directory on PATH"
                 .to_owned(),
@@ -118,7 +120,7 @@ impl Tool {
                 "pods here cannot have networks of their own: {}",
                 agent_sandbox_sim::PodNetwork::bridge_available()
                     .err()
-                    .unwrap_or_else(|| "bubblewrap does not work".to_owned())
+                    .unwrap_or_else(|| "pods cannot be confined here".to_owned())
             ),
             tool => format!("{} is not installed", tool.name()),
         })
