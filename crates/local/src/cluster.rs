@@ -165,7 +165,7 @@ impl LocalCluster {
     /// default template and pool (without waiting for the pool: see
     /// [`LocalCluster::wait_for_pool`]).
     pub async fn start(config: LocalConfig) -> Result<Self> {
-        // Idempotent; kube's TLS stack needs one provider installed even for plain HTTP clients.
+        // Idempotent; kube's TLS stack needs one process-wide provider.
         let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
         let data_dir = config.data_dir.clone();
         let secret_file = match config.router_auth {
@@ -182,7 +182,6 @@ impl LocalCluster {
             PodNetworks::Own => SimNetworks::Own,
             PodNetworks::Isolated | PodNetworks::Auto => SimNetworks::Isolated,
         };
-        let own_networks = networks == SimNetworks::Own;
         if config.router_pod.is_some() && networks == SimNetworks::Isolated {
             return Err(Error::RouterPodNeedsNetwork {
                 why: agent_sandbox_sim::PodNetwork::bridge_available()
@@ -250,21 +249,12 @@ impl LocalCluster {
         }
         cluster.start_controller();
         if config.router_pod.is_some() {
-            let mut kubeconfig =
-                std::fs::read_to_string(cluster.sim.kubeconfig_path()).map_err(Error::io(
-                    "read the kubeconfig for the router pods",
-                    cluster.sim.kubeconfig_path(),
-                ))?;
-            if own_networks {
-                // Pods of their own network reach the API server at its Service, as in a real
-                // cluster (the kubelet forwards it), not at this host's loopback address.
-                let service = format!("http://{}:443", agent_sandbox_sim::KUBERNETES_SERVICE_IP);
-                kubeconfig = kubeconfig.replace(cluster.sim.base_url(), &service);
-            }
+            // The router pods reach the API as their ServiceAccount, through the `kubernetes`
+            // Service the kubelet gives them, never with the kubeconfig's credential.
             let files = router_pod::RouterFiles {
-                kubeconfig: &kubeconfig,
                 auth: config.router_auth,
                 secret: secret.as_deref(),
+                ca_pem: cluster.sim.ca_pem(),
             };
             let ip = router_pod::install(&cluster.client, files).await?;
             cluster.router_pod_url = Some(format!("http://{ip}:{}", wire::ROUTER_PORT));
@@ -356,12 +346,16 @@ impl LocalCluster {
         self.sim.request_counts()
     }
 
-    /// The kubeconfig file for `kubectl`, `sandboxctl` and the SDK.
+    /// The kubeconfig file for `kubectl`, `sandboxctl` and the SDK: the API server's address and
+    /// certificate authority and the administrator's bearer token, readable by its owner only
+    /// (mode 0600), in `credentials/` of the data directory (mode 0700) unless
+    /// [`LocalConfig::kubeconfig`] puts
+    /// it elsewhere.
     pub fn kubeconfig_path(&self) -> &Path {
         self.sim.kubeconfig_path()
     }
 
-    /// The API server, `http://127.0.0.1:PORT`.
+    /// The API server, `https://127.0.0.1:PORT`.
     pub fn api_url(&self) -> &str {
         self.sim.base_url()
     }

@@ -151,7 +151,10 @@ pub struct LocalConfig {
     /// Where pods' directories, logs, the kubeconfig and the router's secret live (default: a
     /// temporary directory removed when the cluster stops).
     pub data_dir: Option<PathBuf>,
-    /// Where to write the kubeconfig (default: `kubeconfig` in the data directory).
+    /// Where to write the kubeconfig (default: `credentials/kubeconfig` in the data directory).
+    /// It holds
+    /// the API server's administrator token: it is written with mode 0600, and directories
+    /// created for it with mode 0700.
     pub kubeconfig: Option<PathBuf>,
     /// Pod isolation (default: confined, or refuse to start where pods cannot be confined).
     pub isolation: Isolation,

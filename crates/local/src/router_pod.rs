@@ -2,12 +2,15 @@
 //! `app: sandbox-router` behind `sandbox-router-svc` in `agent-sandbox-system` (where the SDK's
 //! port-forward mode and the controller's default NetworkPolicy expect it), and another in the
 //! sandboxes' namespace (where upstream's Go SDK looks), each with its signing key in the Secret
-//! `cargo xtask cluster up` creates (or its bearer token in [`TOKEN_SECRET`]) and its
-//! kubeconfig in [`KUBECONFIG_SECRET`], mounted as volumes as deploy/base mounts the key: a pod
-//! sees none of the host's files; and the Gateway a Gateway implementation would program in
-//! front of a router. [`image_entry`], [`create_pod`], [`wait_ready`] and
-//! [`write_gateway`] also serve other clusters whose node is our kubelet (the control-plane
-//! tier of `tests/`).
+//! `cargo xtask cluster up` creates (or its bearer token in [`TOKEN_SECRET`]) mounted as
+//! deploy/base mounts the key, and reaching the API server only as its ServiceAccount
+//! `sandbox-router`, with the RBAC of `deploy/base/router/rbac.yaml` (a ClusterRole) and
+//! `deploy/sandboxes/namespace-router/rbac.yaml` (a Role in its namespace): its token is
+//! projected into the pod as the API server's ServiceAccount admission projects one, and read
+//! by in-cluster configuration. A pod sees none of the host's files and never the kubeconfig's
+//! credential. And the Gateway a Gateway implementation would program in front of a router.
+//! [`image_entry`], [`create_pod`], [`wait_ready`] and [`write_gateway`] also serve other
+//! clusters whose node is our kubelet (the control-plane tier of `tests/`).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -15,10 +18,11 @@ use std::time::Duration;
 
 use agent_sandbox_api::{labels, wire};
 use agent_sandbox_sim::{DefaultReadiness, ImageEntry, Program};
-use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use serde_json::Value;
 use serde_json::json;
 
 use crate::config::RouterAuth;
@@ -30,10 +34,19 @@ use crate::wait::{Check, wait_for};
 const ROUTER_IMAGE: &str = "agent-sandbox/sandbox-router:local";
 /// How long the router pod may take to become Ready.
 const ROUTER_READY: Duration = Duration::from_secs(120);
-/// The Secret holding the kubeconfig the router pods use (key `kubeconfig`).
-pub const KUBECONFIG_SECRET: &str = "sandbox-router-kubeconfig";
-const KUBECONFIG_KEY: &str = "kubeconfig";
-const KUBECONFIG_DIR: &str = "/etc/sandbox-router/kubeconfig";
+/// The router's ServiceAccount, as deploy/base and deploy/sandboxes name it.
+pub const SERVICE_ACCOUNT: &str = "sandbox-router";
+/// The RBAC of the router in `agent-sandbox-system` (ServiceAccount, ClusterRole and its
+/// binding) and of the router in the sandboxes' namespace (ServiceAccount, Role and its
+/// binding).
+const CLUSTER_RBAC: &str = include_str!("../../../deploy/base/router/rbac.yaml");
+const NAMESPACE_RBAC: &str = include_str!("../../../deploy/sandboxes/namespace-router/rbac.yaml");
+/// The ConfigMap with the API server's certificate authority (`ca.crt`).
+const ROOT_CA_CONFIGMAP: &str = "kube-root-ca.crt";
+/// Where in-cluster configuration reads a pod's ServiceAccount token, CA and namespace.
+const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+/// The projected token's lifetime (the ServiceAccount admission's; the kubelet renews it).
+const TOKEN_SECONDS: i64 = 3607;
 /// The Secret holding the router pods' bearer token for `--auth token` (key `token`).
 pub const TOKEN_SECRET: &str = "sandbox-router-token";
 const TOKEN_KEY: &str = "token";
@@ -76,13 +89,91 @@ pub fn image_entry(binary: &Path, auth: RouterAuth) -> ImageEntry {
         })
 }
 
-/// What the router pods are given: their kubeconfig's text, how they authenticate and the
-/// token or signing key that goes with it.
+/// What the router pods are given: how they authenticate their clients and the token or
+/// signing key that goes with it.
 #[derive(Clone, Copy, Debug)]
 pub struct RouterFiles<'a> {
-    pub kubeconfig: &'a str,
     pub auth: RouterAuth,
     pub secret: Option<&'a str>,
+    /// The API server's certificate authority, PEM, for `kube-root-ca.crt`.
+    pub ca_pem: &'a str,
+}
+
+/// Publishes the API server's certificate authority in `ns` as `kube-root-ca.crt`, where
+/// in-cluster configuration finds it (kube-controller-manager publishes it on a real cluster;
+/// the simulated one has no such controller).
+async fn publish_root_ca(client: &kube::Client, ns: &str, ca_pem: &str) -> Result<()> {
+    let configmap: ConfigMap = from_json(
+        "the kube-root-ca.crt ConfigMap",
+        json!({"metadata": {"name": ROOT_CA_CONFIGMAP, "namespace": ns},
+               "data": {"ca.crt": ca_pem}}),
+    )?;
+    match Api::<ConfigMap>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &configmap)
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        Err(error) => Err(Error::kube(
+            "create",
+            format!("ConfigMap {ns}/{ROOT_CA_CONFIGMAP}"),
+        )(error)),
+    }
+}
+
+/// Creates the objects of an RBAC manifest (`---`-separated) in `ns`: namespaced ones there,
+/// and ClusterRoleBindings' ServiceAccount subjects without a namespace too.
+async fn apply_rbac(client: &kube::Client, manifest: &'static str, ns: &str) -> Result<()> {
+    let documents: Vec<Value> =
+        serde_saphyr::from_multiple(manifest).map_err(|error| Error::BuiltIn {
+            what: "the router's RBAC manifest",
+            message: error.to_string(),
+        })?;
+    for mut object in documents.into_iter().filter(|d| d.is_object()) {
+        let text = |object: &Value, pointer: &str| {
+            object
+                .pointer(pointer)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let (api_version, kind) = (text(&object, "/apiVersion"), text(&object, "/kind"));
+        let name = text(&object, "/metadata/name");
+        let (group, version) = api_version
+            .rsplit_once('/')
+            .unwrap_or(("", api_version.as_str()));
+        let (plural, namespaced) = match kind.as_str() {
+            "ServiceAccount" => ("serviceaccounts", true),
+            "Role" => ("roles", true),
+            "RoleBinding" => ("rolebindings", true),
+            "ClusterRole" => ("clusterroles", false),
+            "ClusterRoleBinding" => ("clusterrolebindings", false),
+            _ => {
+                return Err(Error::BuiltIn {
+                    what: "the router's RBAC manifest",
+                    message: format!("unexpected kind {kind}"),
+                });
+            }
+        };
+        let resource = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk(group, version, &kind),
+            plural,
+        );
+        let api: Api<DynamicObject> = if namespaced {
+            object["metadata"]["namespace"] = json!(ns);
+            Api::namespaced_with(client.clone(), ns, &resource)
+        } else {
+            Api::all_with(client.clone(), &resource)
+        };
+        let dynamic: DynamicObject = from_json("the router's RBAC manifest", object)?;
+        match api.create(&PostParams::default(), &dynamic).await {
+            Ok(_) => {}
+            // Cluster-scoped objects are shared by every local cluster's installation.
+            Err(kube::Error::Api(status)) if status.code == 409 && !namespaced => {}
+            Err(error) => return Err(Error::kube("create", format!("{kind} {ns}/{name}"))(error)),
+        }
+    }
+    Ok(())
 }
 
 /// Installs the router as `deploy/overlays/kind` does: in `agent-sandbox-system`, and in the
@@ -161,14 +252,13 @@ async fn install_in(client: &kube::Client, files: RouterFiles<'_>, ns: &str) -> 
         Err(kube::Error::Api(status)) if status.code == 409 => {}
         Err(error) => return Err(Error::kube("create", format!("Namespace {ns}"))(error)),
     }
-    create_secret(
-        client,
-        ns,
-        KUBECONFIG_SECRET,
-        KUBECONFIG_KEY,
-        files.kubeconfig,
-    )
-    .await?;
+    let rbac = if ns == wire::SYSTEM_NAMESPACE {
+        CLUSTER_RBAC
+    } else {
+        NAMESPACE_RBAC
+    };
+    apply_rbac(client, rbac, ns).await?;
+    publish_root_ca(client, ns, files.ca_pem).await?;
     match (files.auth, files.secret) {
         (RouterAuth::Scoped, Some(key)) => {
             create_secret(
@@ -216,10 +306,24 @@ async fn create_pod_in(
     ns: &str,
     name: &str,
 ) -> Result<()> {
-    let mut volumes = vec![json!({"name": "kubeconfig",
-        "secret": {"secretName": KUBECONFIG_SECRET, "defaultMode": 0o400}})];
-    let mut mounts =
-        vec![json!({"name": "kubeconfig", "mountPath": KUBECONFIG_DIR, "readOnly": true})];
+    // What the ServiceAccount admission adds to a pod on a real API server (which adds nothing
+    // more, seeing the mount), declared here because the simulated cluster adds nothing.
+    let mut volumes = vec![json!({"name": "kube-api-access", "projected": {
+    "defaultMode": 0o444,
+    "sources": [
+        {"serviceAccountToken": {"expirationSeconds": TOKEN_SECONDS, "path": "token"}},
+        {"configMap": {"name": ROOT_CA_CONFIGMAP, "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        {"downwardAPI": {"items": [{"path": "namespace",
+            "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}
+    ]}})];
+    let mut mounts = vec![json!({"name": "kube-api-access",
+        "mountPath": SERVICE_ACCOUNT_DIR, "readOnly": true})];
+    // The router of the sandboxes' namespace watches only there (its Role allows no more).
+    let mut env = Vec::new();
+    if ns != wire::SYSTEM_NAMESPACE {
+        env.push(json!({"name": "SANDBOX_ROUTER_NAMESPACE",
+            "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}));
+    }
     let auth_volume = match auth {
         RouterAuth::Token => Some((TOKEN_SECRET, TOKEN_DIR)),
         RouterAuth::Scoped => Some((wire::ROUTER_SIGNING_KEY_SECRET, SIGNING_KEY_DIR)),
@@ -238,16 +342,14 @@ async fn create_pod_in(
             // The security context of deploy/base's router, which Pod Security admission
             // ("restricted", the label of its namespace there) requires.
             "spec": {
-                // deploy/base's ServiceAccount; the pod reads its credentials from the
-                // kubeconfig Secret.
-                "serviceAccountName": "sandbox-router",
+                // deploy/base's ServiceAccount, whose token the volume above projects.
+                "serviceAccountName": SERVICE_ACCOUNT,
                 "automountServiceAccountToken": false,
                 "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "runAsGroup": 65532,
                                     "seccompProfile": {"type": "RuntimeDefault"}},
                 "containers": [{
                     "name": "router", "image": ROUTER_IMAGE,
-                    "env": [{"name": "KUBECONFIG",
-                             "value": format!("{KUBECONFIG_DIR}/{KUBECONFIG_KEY}")}],
+                    "env": env,
                     "ports": [{"name": "http", "containerPort": wire::ROUTER_PORT}],
                     "volumeMounts": mounts,
                     "securityContext": {"allowPrivilegeEscalation": false,

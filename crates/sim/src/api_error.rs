@@ -188,9 +188,63 @@ impl ApiError {
         Self::new(400, "BadRequest", message)
     }
 
+    /// 401, for a request without a credential the server accepts.
+    pub(crate) fn unauthorized() -> Self {
+        Self::new(401, "Unauthorized", "Unauthorized")
+    }
+
     /// 403.
     pub(crate) fn forbidden(message: impl Into<String>) -> Self {
         Self::new(403, "Forbidden", message)
+    }
+
+    /// 403 from authorization: `user` may not `verb` the resource (`plural` or
+    /// `plural/subresource`) in `group`, in `namespace` (or at the cluster scope).
+    pub(crate) fn not_allowed(
+        user: &str,
+        verb: &str,
+        group: &str,
+        resource: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Self {
+        let plural = resource.split('/').next().unwrap_or(resource);
+        let object = if name.is_empty() {
+            qualified(group, plural)
+        } else {
+            format!("{} \"{name}\"", qualified(group, plural))
+        };
+        let scope = if namespace.is_empty() {
+            "at the cluster scope".to_owned()
+        } else {
+            format!("in the namespace \"{namespace}\"")
+        };
+        Self::forbidden(format!(
+            "{object} is forbidden: User \"{user}\" cannot {verb} resource \"{resource}\" in API group \"{group}\" {scope}"
+        ))
+        .with_details(group, plural, name)
+    }
+
+    /// 403 from authorization of a path outside the resource API.
+    pub(crate) fn path_not_allowed(user: &str, verb: &str, path: &str) -> Self {
+        Self::forbidden(format!(
+            "forbidden: User \"{user}\" cannot {verb} path \"{path}\""
+        ))
+    }
+
+    /// 413 for a request body over the API server's limit.
+    pub(crate) fn body_too_large(limit: usize) -> Self {
+        Self::new(
+            413,
+            "RequestEntityTooLarge",
+            format!("Request entity too large: limit is {limit}"),
+        )
+    }
+
+    /// What the API server answers when etcd refuses to store an object over its request size
+    /// limit: etcd's own message as an internal error without a reason.
+    pub(crate) fn storage_too_large() -> Self {
+        Self::new(500, "", "etcdserver: request is too large")
     }
 
     /// 405.
@@ -224,6 +278,12 @@ impl ApiError {
             "reason": self.reason,
             "code": self.code,
         });
+        if self.reason.is_empty()
+            && let Some(map) = status.as_object_mut()
+        {
+            // `StatusReasonUnknown` is the empty string, which the API server leaves out.
+            map.remove("reason");
+        }
         if let Some(details) = &self.details {
             status["details"] = details.clone();
         }

@@ -77,6 +77,22 @@ pub enum Error {
         bin: String,
         status: String,
     },
+    /// The API server's certificate authority or serving certificate could not be made.
+    #[error("failed to generate {what}")]
+    Certificate {
+        what: &'static str,
+        #[source]
+        source: rcgen::Error,
+    },
+    /// The API server's TLS configuration was refused.
+    #[error("failed to configure the API server's TLS")]
+    Tls {
+        #[source]
+        source: rustls::Error,
+    },
+    /// The system's random generator failed (the credentials need it).
+    #[error("failed to generate the API server's credentials: no secure random bytes")]
+    Random,
     /// The running executable could not be located.
     #[error("failed to locate the current executable")]
     CurrentExe {

@@ -3,7 +3,13 @@
 //! [`Sim::start`] serves, on 127.0.0.1, the subset of the Kubernetes API that our controller,
 //! router, SDK, CLI and agent use and that `kubectl` needs, and runs pods as local processes
 //! through one node: the process kubelet of `agent-sandbox-kubelet`, which talks to this API
-//! over HTTP like any client (a real cluster's kubelet runs the same code).
+//! over HTTPS like any client (a real cluster's kubelet runs the same code).
+//!
+//! The API authenticates like a real one ([`auth`], [`rbac`], [`tls`]): TLS with a certificate
+//! authority made at start, a bearer token for the administrator (in the kubeconfig, written
+//! for its owner only), one for the node, ServiceAccount tokens through TokenRequest; no
+//! credential gets 401 everywhere but `/version` and the health checks. There is no plain-HTTP
+//! mode.
 //!
 //! - [`api`]: HTTP routing, discovery, Table output, watches; [`logs`] and [`portforward`]:
 //!   the pod subresources the kubelet serves (called in process); [`ops`] and [`store`]: object
@@ -24,6 +30,7 @@ mod admission;
 mod api;
 mod api_error;
 mod apply;
+mod auth;
 mod controllers;
 mod error;
 mod events;
@@ -37,11 +44,13 @@ mod ops;
 mod patch;
 mod portforward;
 mod protobuf;
+mod rbac;
 mod resources;
 mod scheduler;
 mod selector;
 mod store;
 pub mod test_support;
+mod tls;
 mod validation_rules;
 mod workloads;
 
@@ -82,7 +91,8 @@ pub struct SimConfig {
     pub isolation: Isolation,
     /// Which program each image runs.
     pub images: ImageTable,
-    /// Where to write the kubeconfig (default: `kubeconfig` in the data directory).
+    /// Where to write the kubeconfig (default: `credentials/kubeconfig` in the data directory,
+    /// in a directory of mode 0700).
     pub kubeconfig: Option<PathBuf>,
     /// Where pods' directories and logs live (default: a temporary directory removed when the
     /// sim is dropped).
@@ -129,8 +139,11 @@ fn pod_networks(config: &SimConfig, api: SocketAddr, base: KubeletConfig) -> Res
             });
         }
         PodNetworks::Host => {
+            // Pods share this host's network: the `kubernetes` Service leads to the API's own
+            // address, which the serving certificate names.
             return Ok(KubeletConfig {
                 pod_network: PodNetwork::Loopback,
+                kubernetes_service: Some(api),
                 ..base
             });
         }
@@ -221,6 +234,9 @@ impl SimConfig {
 pub struct Sim {
     addr: SocketAddr,
     base_url: String,
+    ca_pem: String,
+    ca_der: rustls::pki_types::CertificateDer<'static>,
+    credentials: Arc<auth::Credentials>,
     kubeconfig: PathBuf,
     data_dir: PathBuf,
     isolation: Isolation,
@@ -269,6 +285,34 @@ fn seed(objects: &ApiObjects) -> Result<()> {
             &internal_options(),
         )
         .map_err(seed_err("the kubernetes Service"))?;
+    // The bootstrap role of a real cluster that grants everything, bound to `system:masters`,
+    // for bindings that name it.
+    let roles = objects
+        .builtin(rbac::GROUP, "clusterroles")
+        .map_err(seed_err("clusterroles"))?;
+    objects
+        .create(
+            &roles,
+            "",
+            json!({"metadata": {"name": "cluster-admin", "labels": {"kubernetes.io/bootstrapping": "rbac-defaults"}},
+                   "rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]},
+                             {"nonResourceURLs": ["*"], "verbs": ["*"]}]}),
+            &internal_options(),
+        )
+        .map_err(seed_err("the cluster-admin ClusterRole"))?;
+    let bindings = objects
+        .builtin(rbac::GROUP, "clusterrolebindings")
+        .map_err(seed_err("clusterrolebindings"))?;
+    objects
+        .create(
+            &bindings,
+            "",
+            json!({"metadata": {"name": "cluster-admin", "labels": {"kubernetes.io/bootstrapping": "rbac-defaults"}},
+                   "roleRef": {"apiGroup": rbac::GROUP, "kind": "ClusterRole", "name": "cluster-admin"},
+                   "subjects": [{"apiGroup": rbac::GROUP, "kind": "Group", "name": auth::MASTERS_GROUP}]}),
+            &internal_options(),
+        )
+        .map_err(seed_err("the cluster-admin ClusterRoleBinding"))?;
     Ok(())
 }
 
@@ -310,46 +354,140 @@ fn prepared_crds() -> Result<&'static [(String, serde_json::Value)]> {
         })
 }
 
-/// The kubeconfig of a sim at `base_url`.
-pub fn kubeconfig_yaml(base_url: &str) -> String {
+/// The kubeconfig of a sim at `base_url` (`https://...`) whose certificate authority is
+/// `ca_pem`, for a user with bearer token `token`: cluster, user and context `sim`, namespace
+/// `default`.
+pub fn kubeconfig_yaml(base_url: &str, ca_pem: &str, token: &str) -> String {
+    use base64::Engine as _;
+    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
     format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: sim\n  cluster:\n    server: {base_url}\nusers:\n- name: sim\n  user: {{}}\ncontexts:\n- name: sim\n  context:\n    cluster: sim\n    user: sim\n    namespace: default\ncurrent-context: sim\npreferences: {{}}\n"
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: sim\n  cluster:\n    server: {base_url}\n    certificate-authority-data: {ca}\nusers:\n- name: sim\n  user:\n    token: {token}\ncontexts:\n- name: sim\n  context:\n    cluster: sim\n    user: sim\n    namespace: default\ncurrent-context: sim\npreferences: {{}}\n"
     )
 }
 
-/// A kube client for the sim at `base_url` (default namespace `default`), sending
-/// `user_agent` when given.
-fn client_for(base_url: &str, user_agent: Option<&'static str>) -> Result<kube::Client> {
-    // kube's TLS stack needs a process-wide provider even for plain HTTP.
+/// A kube client for the sim at `base_url` (default namespace `default`) that trusts `ca` and
+/// authenticates with bearer `token`, sending `user_agent` when given.
+fn client_for(
+    base_url: &str,
+    ca: &rustls::pki_types::CertificateDer<'_>,
+    token: &str,
+    user_agent: Option<&'static str>,
+) -> Result<kube::Client> {
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-    let url: http::Uri =
-        base_url
-            .parse()
-            .map_err(|error: http::uri::InvalidUri| Error::Client {
-                url: base_url.to_owned(),
-                source: kube::Error::Service(error.into()),
-            })?;
+    let client_error = |source: kube::Error| Error::Client {
+        url: base_url.to_owned(),
+        source,
+    };
+    let url: http::Uri = base_url
+        .parse()
+        .map_err(|error: http::uri::InvalidUri| client_error(kube::Error::Service(error.into())))?;
     let mut config = kube::Config::new(url);
     config.default_namespace = "default".to_owned();
+    config.root_cert = Some(vec![ca.to_vec()]);
+    let mut bearer = http::HeaderValue::from_str(&format!("Bearer {token}"))
+        .map_err(|error| client_error(kube::Error::Service(error.into())))?;
+    bearer.set_sensitive(true);
+    config.headers.push((http::header::AUTHORIZATION, bearer));
     if let Some(agent) = user_agent {
         config.headers.push((
             http::header::USER_AGENT,
             http::HeaderValue::from_static(agent),
         ));
     }
-    kube::Client::try_from(config).map_err(|source| Error::Client {
-        url: base_url.to_owned(),
-        source,
-    })
+    kube::Client::try_from(config).map_err(client_error)
 }
 
-fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
+/// Creates `dir` and its missing parents, those it creates readable by the owner only.
+fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}
+
+/// Writes `text` to `path` for its owner only (mode 0600), replacing the file at once: a new
+/// file (never one that exists, nor through a symlink) renamed over it.
+fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent)?;
+        create_private_dir(parent)?;
     }
     let temporary = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&temporary, text)?;
+    let _ = std::fs::remove_file(&temporary);
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&temporary)
+        .and_then(|mut file| file.write_all(text.as_bytes()));
+    if let Err(error) = written {
+        let _ = std::fs::remove_file(&temporary);
+        return Err(error);
+    }
     std::fs::rename(&temporary, path)
+}
+
+/// The directory of the data directory (mode 0700) that holds the kubeconfig by default.
+pub const CREDENTIALS_DIR: &str = "credentials";
+
+/// How long a client may take for its TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves `router` over TLS on `listener` until `shutdown`: each connection's handshake and
+/// requests in a task of its own, all ended when this returns or is aborted.
+async fn serve_tls(
+    listener: tokio::net::TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    router: axum::Router,
+    mut shutdown: tokio::sync::oneshot::Receiver<()>,
+) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let mut connections = JoinSet::new();
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = &mut shutdown => return,
+        };
+        let (tcp, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                tracing::warn!(%error, "the sim's API server failed to accept a connection");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        // Watch events are small writes on long-lived responses: without TCP_NODELAY,
+        // Nagle's algorithm and delayed ACKs hold each one back by up to 40 ms.
+        let _ = tcp.set_nodelay(true);
+        let acceptor = acceptor.clone();
+        let router = router.clone();
+        connections.spawn(async move {
+            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(error)) => {
+                    tracing::debug!(%peer, %error, "the sim's API server refused a TLS handshake");
+                    return;
+                }
+                Err(_) => return,
+            };
+            let service =
+                hyper::service::service_fn(move |request: http::Request<hyper::body::Incoming>| {
+                    let mut router = router.clone();
+                    // The router is always ready.
+                    async move { tower_service::Service::call(&mut router, request).await }
+                });
+            if let Err(error) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                .with_upgrades()
+                .await
+            {
+                tracing::debug!(%peer, %error, "a connection to the sim's API server ended");
+            }
+        });
+        while connections.try_join_next().is_some() {}
+    }
 }
 
 impl Sim {
@@ -391,11 +529,19 @@ impl Sim {
             addr: bind.clone(),
             source,
         })?;
-        let base_url = format!("http://{addr}");
-        // The node: the one kubelet implementation, a client of this API like any other.
+        let base_url = format!("https://{addr}");
+        let tls = tls::generate(KUBERNETES_SERVICE_IP)?;
+        let credentials = Arc::new(auth::Credentials::generate(NODE_NAME)?);
+        // The node: the one kubelet implementation, a client of this API like any other, with
+        // a credential of its own.
         let kubelet = Arc::new(
             Kubelet::new(
-                client_for(&base_url, Some(api::NODE_USER_AGENT))?,
+                client_for(
+                    &base_url,
+                    &tls.ca_der,
+                    credentials.node_token(),
+                    Some(api::NODE_USER_AGENT),
+                )?,
                 KubeletConfig {
                     images: config.images.clone(),
                     isolation: config.isolation,
@@ -415,25 +561,13 @@ impl Sim {
             bookmark_interval: config.bookmark_interval,
             tasks: std::sync::Mutex::new(JoinSet::new()),
             watch_epoch,
+            credentials: credentials.clone(),
+            node: NODE_NAME.to_owned(),
         });
         let mut tasks = JoinSet::new();
         let (shutdown, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
         let router = api::router(api.clone());
-        // Watch events are small writes on long-lived responses: without TCP_NODELAY, Nagle's
-        // algorithm and delayed ACKs hold each one back by up to 40 ms.
-        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        tasks.spawn(async move {
-            let served = axum::serve(listener, router)
-                .with_graceful_shutdown(async move {
-                    let _ = shutdown_rx.await;
-                })
-                .await;
-            if let Err(error) = served {
-                tracing::error!(%error, "the sim's API server stopped");
-            }
-        });
+        tasks.spawn(serve_tls(listener, tls.config.clone(), router, shutdown_rx));
         tasks.spawn(
             scheduler::Scheduler::new(objects.clone(), NODE_NAME).run(objects.store.subscribe()),
         );
@@ -448,17 +582,19 @@ impl Sim {
         let kubeconfig = config
             .kubeconfig
             .clone()
-            .unwrap_or_else(|| data_dir.join("kubeconfig"));
-        write_atomically(&kubeconfig, &kubeconfig_yaml(&base_url)).map_err(|source| {
-            Error::Kubeconfig {
-                path: kubeconfig.clone(),
-                source,
-            }
+            .unwrap_or_else(|| data_dir.join(CREDENTIALS_DIR).join("kubeconfig"));
+        let text = kubeconfig_yaml(&base_url, &tls.ca_pem, credentials.admin_token());
+        write_private(&kubeconfig, &text).map_err(|source| Error::Kubeconfig {
+            path: kubeconfig.clone(),
+            source,
         })?;
         let isolation = kubelet.isolation();
         let sim = Self {
             addr,
             base_url,
+            ca_pem: tls.ca_pem.clone(),
+            ca_der: tls.ca_der.clone(),
+            credentials,
             kubeconfig,
             data_dir,
             isolation,
@@ -478,9 +614,21 @@ impl Sim {
         Ok(sim)
     }
 
-    /// `http://127.0.0.1:PORT`.
+    /// `https://127.0.0.1:PORT`.
     pub fn base_url(&self) -> &str {
         &self.base_url
+    }
+
+    /// The certificate authority the API's serving certificate chains to, PEM (what the
+    /// kubeconfig's `certificate-authority-data` carries, and pods' `kube-root-ca.crt`).
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
+    /// The administrator's bearer token (the kubeconfig's credential), for tests that speak
+    /// HTTP to the API themselves.
+    pub fn admin_token(&self) -> &str {
+        self.credentials.admin_token()
     }
 
     /// The server's address.
@@ -488,7 +636,8 @@ impl Sim {
         self.addr
     }
 
-    /// The kubeconfig file (cluster, user and context `sim`, namespace `default`).
+    /// The kubeconfig file (cluster, user and context `sim`, namespace `default`; the server's
+    /// certificate authority and the administrator's token; mode 0600).
     pub fn kubeconfig_path(&self) -> &Path {
         &self.kubeconfig
     }
@@ -514,9 +663,16 @@ impl Sim {
         self.isolation
     }
 
-    /// A kube client for the sim (default namespace `default`).
+    /// A kube client for the sim as its administrator (the kubeconfig's user; default
+    /// namespace `default`).
     pub fn client(&self) -> Result<kube::Client> {
-        client_for(&self.base_url, None)
+        client_for(&self.base_url, &self.ca_der, self.admin_token(), None)
+    }
+
+    /// A kube client for the sim that authenticates with bearer `token` (a ServiceAccount's,
+    /// or any other, for tests of authentication and authorization).
+    pub fn client_with_token(&self, token: &str) -> Result<kube::Client> {
+        client_for(&self.base_url, &self.ca_der, token, None)
     }
 
     /// Registers the project's CRDs (`agent_sandbox_api::crds::all()`), as
@@ -594,3 +750,4 @@ impl Drop for Sim {
         self.kubelet.abort();
     }
 }
+

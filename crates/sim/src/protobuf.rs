@@ -348,6 +348,30 @@ const DEPLOYMENT: &[Field] = &[
     one(3, "status", Kind::Ignore),
 ];
 
+/// `authentication.k8s.io/v1` TokenRequest, as `kubectl create token` sends it.
+const TOKEN_REQUEST: &[Field] = &[
+    one(1, "metadata", Kind::Message(OBJECT_META)),
+    one(
+        2,
+        "spec",
+        Kind::Message(&[
+            many(1, "audiences", Kind::String),
+            one(4, "expirationSeconds", Kind::Int),
+            one(
+                3,
+                "boundObjectRef",
+                Kind::Message(&[
+                    one(1, "kind", Kind::String),
+                    one(2, "apiVersion", Kind::String),
+                    one(3, "name", Kind::String),
+                    one(4, "uid", Kind::String),
+                ]),
+            ),
+        ]),
+    ),
+    one(3, "status", Kind::Ignore),
+];
+
 /// The kinds whose messages are described, by `apiVersion` and `kind`.
 fn descriptor(api_version: &str, kind: &str) -> Option<&'static [Field]> {
     Some(match (api_version, kind) {
@@ -357,6 +381,7 @@ fn descriptor(api_version: &str, kind: &str) -> Option<&'static [Field]> {
         ("v1", "ServiceAccount") => SERVICE_ACCOUNT,
         ("v1", "Service") => SERVICE,
         ("apps/v1", "Deployment") => DEPLOYMENT,
+        ("authentication.k8s.io/v1", "TokenRequest") => TOKEN_REQUEST,
         _ => return None,
     })
 }
@@ -638,7 +663,7 @@ pub(crate) fn decode(body: &[u8]) -> ApiResult<Value> {
     }
     let fields = descriptor(api_version, kind).ok_or_else(|| {
         ApiError::unsupported_media_type(format!(
-            "the sim decodes {CONTENT_TYPE} bodies of v1 Namespace, ConfigMap, Secret, ServiceAccount and Service and apps/v1 Deployment only, not {api_version} {kind} - accepted media types include: application/json, application/yaml"
+            "the sim decodes {CONTENT_TYPE} bodies of v1 Namespace, ConfigMap, Secret, ServiceAccount and Service, apps/v1 Deployment and authentication.k8s.io/v1 TokenRequest only, not {api_version} {kind} - accepted media types include: application/json, application/yaml"
         ))
     })?;
     // `raw` was decoded as base64 text like any bytes field; take it from the wire again.

@@ -120,6 +120,7 @@ impl ResourceInfo {
         match self.builtin {
             Builtin::Pod => &["log", "portforward"],
             Builtin::Namespace => &["finalize"],
+            Builtin::ServiceAccount => &["token"],
             _ => &[],
         }
     }
@@ -383,6 +384,47 @@ pub(crate) fn builtins() -> Vec<ResourceInfo> {
             false,
             &["gc"],
             true,
+            B::Unstructured,
+        ),
+        // Stored as given and evaluated by the authorizer (`crate::rbac`).
+        builtin(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "clusterroles",
+            "ClusterRole",
+            false,
+            &[],
+            false,
+            B::Unstructured,
+        ),
+        builtin(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "clusterrolebindings",
+            "ClusterRoleBinding",
+            false,
+            &[],
+            false,
+            B::Unstructured,
+        ),
+        builtin(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "roles",
+            "Role",
+            true,
+            &[],
+            false,
+            B::Unstructured,
+        ),
+        builtin(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "rolebindings",
+            "RoleBinding",
+            true,
+            &[],
+            false,
             B::Unstructured,
         ),
         // HTTPRoutes of upstream's manifests are v1beta1; both versions share one collection.

@@ -234,6 +234,9 @@ impl Store {
                 return Ok(Committed { object, kind: None });
             }
             Decision::Put(object) => {
+                if too_large(&object) {
+                    return Err(ApiError::storage_too_large());
+                }
                 let kind = if current.is_some() {
                     EventType::Modified
                 } else {
@@ -287,6 +290,30 @@ impl Store {
             kind: Some(kind),
         })
     }
+}
+
+/// The largest object etcd stores with its default `--max-request-bytes` (1.5 MiB): an API
+/// write whose object is larger fails there.
+pub(crate) const MAX_STORED_BYTES: usize = 1536 * 1024;
+
+/// Counts the bytes written to it.
+struct Counter(usize);
+
+impl std::io::Write for Counter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0 += bytes.len();
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Whether `object`'s JSON encoding exceeds [`MAX_STORED_BYTES`] (etcd holds custom resources
+/// as JSON; built-in kinds as protobuf, which is about as large or smaller).
+fn too_large(object: &Value) -> bool {
+    let mut counter = Counter(0);
+    serde_json::to_writer(&mut counter, object).is_err() || counter.0 > MAX_STORED_BYTES
 }
 
 impl Inner {

@@ -1,4 +1,5 @@
-//! Helpers for tests of this and other crates: building workspace binaries that pods run.
+//! Helpers for tests of this and other crates: building workspace binaries that pods run, and
+//! speaking HTTPS to the API server byte by byte (for what a kube client would not send).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -101,6 +102,63 @@ pub fn pod_visible_dir(prefix: &str) -> std::io::Result<tempfile::TempDir> {
         _ => PathBuf::from("/var/tmp"),
     };
     tempfile::Builder::new().prefix(prefix).tempdir_in(base)
+}
+
+/// A TLS connection to the API server at `addr` that trusts only `ca_pem` (a sim's
+/// [`Sim::ca_pem`](crate::Sim::ca_pem)) and verifies the server as 127.0.0.1.
+pub async fn tls_connect(
+    ca_pem: &str,
+    addr: std::net::SocketAddr,
+) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject as _;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots
+            .add(cert.map_err(std::io::Error::other)?)
+            .map_err(std::io::Error::other)?;
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(std::io::Error::other)?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::from(addr.ip());
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(name, tcp)
+        .await
+}
+
+/// Sends `request` (a whole HTTP/1.1 request; say `Connection: close`) over a
+/// [`tls_connect`]ion and returns the status code and the body of the answer.
+pub async fn https_exchange(
+    ca_pem: &str,
+    addr: std::net::SocketAddr,
+    request: &[u8],
+) -> std::io::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tls_connect(ca_pem, addr).await?;
+    stream.write_all(request).await?;
+    let mut response = Vec::new();
+    // The server may close without a TLS close_notify; what arrived is the answer.
+    if let Err(error) = stream.read_to_end(&mut response).await
+        && response.is_empty()
+    {
+        return Err(error);
+    }
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default();
+    Ok((code, body))
 }
 
 #[cfg(test)]

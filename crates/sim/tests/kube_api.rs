@@ -803,7 +803,7 @@ async fn request_counters_count_writes_per_verb_and_resource() {
     assert_eq!(counts.get("apply", "", "configmaps"), 1);
     assert_eq!(counts.get("delete", "", "configmaps"), 1);
     assert_eq!(counts.writes(), 3);
-    let (code, text) = common::http_get(&sim.addr().to_string(), "/sim/metrics").await;
+    let (code, text) = common::api_get(&sim, "/sim/metrics", None).await;
     assert_eq!(code, 200);
     assert!(
         text.contains(

@@ -81,6 +81,58 @@ async fn kubectl_applies_the_generated_crds_and_lists_them() {
 }
 
 #[tokio::test]
+async fn kubectl_is_refused_without_the_kubeconfigs_credential() {
+    require_kubectl!();
+    let sim = Sim::start(SimConfig::default().isolation(Isolation::None))
+        .await
+        .unwrap();
+    let kubectl = Kubectl::new(&sim);
+    kubectl.ok(&["get", "pods"]).await;
+    // The same kubeconfig with another token: the API server's 401, as kubectl reports it.
+    // (Without any credential kubectl asks for a user name instead of sending the request.)
+    let text = std::fs::read_to_string(sim.kubeconfig_path()).unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let guessing = Kubectl {
+        kubeconfig: scratch.path().join("guessing"),
+        cache: tempfile::tempdir().unwrap(),
+    };
+    let other_token: String = text
+        .lines()
+        .map(|line| {
+            if line.trim_start().starts_with("token:") {
+                "    token: not-the-kubeconfigs-token\n".to_owned()
+            } else {
+                format!("{line}\n")
+            }
+        })
+        .collect();
+    assert_ne!(other_token, text);
+    std::fs::write(&guessing.kubeconfig, other_token).unwrap();
+    let output = guessing.run(&["get", "pods"]).await;
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("error: You must be logged in to the server"),
+        "{stderr}"
+    );
+    // A ServiceAccount's token (kubectl create token) is authenticated, and refused what its
+    // RBAC does not allow.
+    let token = kubectl.ok(&["create", "token", "default"]).await;
+    let output = kubectl
+        .run(&["--token", token.trim(), "get", "secrets"])
+        .await;
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(
+            "secrets is forbidden: User \"system:serviceaccount:default:default\" cannot list resource \"secrets\" in API group \"\" in the namespace \"default\""
+        ),
+        "{stderr}"
+    );
+    sim.stop().await;
+}
+
+#[tokio::test]
 async fn kubectl_runs_waits_for_lists_and_deletes_a_runtime_pod() {
     require_kubectl!();
     // Built next to the test binaries, where the default image table finds it.

@@ -109,11 +109,14 @@ async fn port_forward_to_a_closed_port_reports_on_the_error_channel() {
 
 /// Sends a port-forward upgrade request with `headers` and returns the response head.
 async fn upgrade_head(sim: &Sim, headers: &str) -> String {
-    let addr = sim.base_url().trim_start_matches("http://").to_owned();
-    let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let addr = sim.addr();
+    let mut stream = agent_sandbox_sim::test_support::tls_connect(sim.ca_pem(), addr)
+        .await
+        .unwrap();
+    let token = sim.admin_token();
     let request = format!(
         "POST /api/v1/namespaces/default/pods/rt/portforward HTTP/1.1\r\nHost: {addr}\r\n\
-         Content-Length: 0\r\n{headers}\r\n"
+         Authorization: Bearer {token}\r\nContent-Length: 0\r\n{headers}\r\n"
     );
     stream.write_all(request.as_bytes()).await.unwrap();
     let mut head = Vec::new();

@@ -100,7 +100,6 @@ struct SimAndControllerProcesses {
     _sim: Process,
     controller: Option<Process>,
     client: Client,
-    base_url: String,
     kubeconfig: PathBuf,
     bin: PathBuf,
     _dir: PathBuf,
@@ -145,12 +144,12 @@ impl SimAndControllerProcesses {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let text = std::fs::read_to_string(&kubeconfig)?;
-        let base_url = text
-            .lines()
-            .find_map(|line| line.trim().strip_prefix("server: "))
-            .context("the sim's kubeconfig names no server")?
-            .to_owned();
-        let config = kube::Config::new(base_url.parse()?);
+        // The kubeconfig carries the sim's certificate authority and the administrator's token.
+        let config = kube::Config::from_custom_kubeconfig(
+            kube::config::Kubeconfig::from_yaml(&text)?,
+            &kube::config::KubeConfigOptions::default(),
+        )
+        .await?;
         let client = Client::try_from(config)?;
         let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
         for crd in agent_sandbox_api::crds::all() {
@@ -162,7 +161,6 @@ impl SimAndControllerProcesses {
             _sim: sim,
             controller: None,
             client,
-            base_url,
             kubeconfig,
             bin,
             _dir: dir,
@@ -204,8 +202,11 @@ impl SimAndControllerProcesses {
 
     /// The sim's request counters, by (verb, group, resource).
     async fn counts(&self) -> Result<BTreeMap<(String, String, String), u64>> {
-        let addr: SocketAddr = self.base_url.trim_start_matches("http://").parse()?;
-        let body = get(&format!("http://{addr}/sim/metrics")).await?.text();
+        let body = self
+            .client
+            .request_text(http::Request::get("/sim/metrics").body(Vec::new())?)
+            .await
+            .context("failed to read the sim's request counters")?;
         let mut counts = BTreeMap::new();
         for line in body
             .lines()

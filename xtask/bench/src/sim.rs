@@ -9,6 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use base64::Engine as _;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
@@ -48,6 +49,9 @@ fn build(root: &Path) -> Result<PathBuf> {
 struct KubeSim {
     child: Child,
     addr: SocketAddr,
+    /// The certificate authority and the administrator's token, from its kubeconfig.
+    ca_pem: String,
+    token: String,
     dir: PathBuf,
 }
 
@@ -72,6 +76,8 @@ impl KubeSim {
         let mut sim = Self {
             child,
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            ca_pem: String::new(),
+            token: String::new(),
             dir,
         };
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -84,11 +90,17 @@ impl KubeSim {
             }
             std::thread::sleep(Duration::from_micros(200));
         };
-        sim.addr = text
-            .lines()
-            .find_map(|l| l.trim().strip_prefix("server: http://"))
-            .context("no server in the kubeconfig")?
-            .parse()?;
+        let field = |name: &str| {
+            text.lines()
+                .find_map(|l| l.trim().strip_prefix(name))
+                .with_context(|| format!("no {name} in the kubeconfig"))
+        };
+        sim.addr = field("server: https://")?.parse()?;
+        sim.token = field("token: ")?.to_owned();
+        sim.ca_pem = String::from_utf8(
+            base64::engine::general_purpose::STANDARD
+                .decode(field("certificate-authority-data: ")?)?,
+        )?;
         Ok(sim)
     }
 
@@ -123,26 +135,37 @@ fn per_second(count: usize, elapsed: Duration) -> String {
     format!("{rate:.0} req/s")
 }
 
-async fn connect(addr: SocketAddr) -> Result<SendRequest<Full<Bytes>>> {
-    let stream = tokio::net::TcpStream::connect(addr).await?;
-    stream.set_nodelay(true)?;
+/// A keep-alive HTTPS connection to the API as its administrator, as kubectl or a client makes.
+struct Connection {
+    sender: SendRequest<Full<Bytes>>,
+    authorization: String,
+}
+
+async fn connect(sim: &KubeSim) -> Result<Connection> {
+    let stream = agent_sandbox_sim::test_support::tls_connect(&sim.ca_pem, sim.addr).await?;
+    stream.get_ref().0.set_nodelay(true)?;
     let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
     tokio::spawn(async move {
         let _ = connection.await;
     });
-    Ok(sender)
+    Ok(Connection {
+        sender,
+        authorization: format!("Bearer {}", sim.token),
+    })
 }
 
 async fn call(
-    sender: &mut SendRequest<Full<Bytes>>,
+    connection: &mut Connection,
     method: Method,
     path: &str,
     body: Option<&Value>,
 ) -> Result<(StatusCode, Bytes)> {
+    let sender = &mut connection.sender;
     let request = Request::builder()
         .method(method)
         .uri(path)
         .header("host", "kube-sim")
+        .header("authorization", &connection.authorization)
         .header("content-type", "application/json")
         .body(Full::new(
             body.map(|b| Bytes::from(b.to_string())).unwrap_or_default(),
@@ -164,7 +187,7 @@ fn startup(root: &Path, options: Options) -> Result<Vec<Row>> {
         let start = Instant::now();
         let sim = KubeSim::start(&binary, &format!("startup-{index}"), "none")?;
         let (status, _) = rt.block_on(async {
-            let mut sender = connect(sim.addr).await?;
+            let mut sender = connect(&sim).await?;
             call(&mut sender, Method::GET, "/healthz", None).await
         })?;
         samples.push(start.elapsed());
@@ -193,7 +216,7 @@ fn api(root: &Path, options: Options) -> Result<Vec<Row>> {
         .build()?;
     let count = options.iterations(2000);
     let (gets, creates, get_elapsed, create_elapsed) = rt.block_on(async {
-        let mut sender = connect(sim.addr).await?;
+        let mut sender = connect(&sim).await?;
         let mut creates = Samples::with_capacity(count);
         let started = Instant::now();
         for index in 0..count {
@@ -277,7 +300,7 @@ fn pod_ready(root: &Path, options: Options) -> Result<Vec<Row>> {
             .build()?;
         let count = options.iterations(40);
         let samples = rt.block_on(async {
-            let mut sender = connect(sim.addr).await?;
+            let mut sender = connect(&sim).await?;
             let mut samples = Samples::with_capacity(count);
             for index in 0..count {
                 let name = format!("rt-{index}");

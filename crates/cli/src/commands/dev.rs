@@ -94,8 +94,8 @@ fn banner(cluster: &LocalCluster, replicas: i32) -> String {
 Local agent-sandbox cluster is up (simulated API, controller, router; pods run on this machine, isolation: {isolation}).
 Sandboxes: {protections}.
 
-  API server    {api}
-  kubeconfig    {kubeconfig}
+  API server    {api} (TLS; requests without the kubeconfig's token get 401, pods use their ServiceAccount tokens)
+  kubeconfig    {kubeconfig} (its certificate authority and admin token; mode 0600)
   router        {router} (auth: {auth:?}; 127.0.0.1 only)
   router pod    {router_pod}
   warm pool     {DEFAULT_NAMESPACE}/{DEFAULT_POOL} ({replicas} sandboxes, template {DEFAULT_NAMESPACE}/{template})

@@ -14,8 +14,9 @@
 //!   built for the running test's target directory and profile;
 //! - [`one_error_line`], [`assert_configuration_error`] and [`tree`]: what a binary printed on
 //!   an error and what a client wrote to disk;
-//! - [`kubeconfig_yaml`]: a kubeconfig for any `http://` API server URL (one nobody listens on,
-//!   for tests of unreachable clusters);
+//! - [`kubeconfig_yaml`]: a kubeconfig without credentials for any API server URL: a fake
+//!   server of a test's own, or one nobody listens on (tests of unreachable clusters); a local
+//!   cluster's own kubeconfig carries its certificate authority and token;
 //! - the fixture names: [`NAMESPACE`], [`TEMPLATE`], [`POOL`], [`GATEWAY`], [`ROUTER_POD`] (those
 //!   of a [`LocalCluster`](crate::LocalCluster) and of `deploy/sandboxes`).
 
@@ -27,7 +28,6 @@ mod tools;
 
 use std::path::PathBuf;
 
-pub use agent_sandbox_sim::kubeconfig_yaml;
 pub use agent_sandbox_sim::test_support::pod_visible_dir;
 pub use fake_router::{FakeBody, FakeBoxError, FakeRequest, FakeRouter, ready_claim};
 pub use netns::{INTERNET_ADDRESS, Internet, own_network_command};
@@ -42,6 +42,15 @@ pub use crate::wait::{Check, Timeout, wait_for};
 
 use crate::config::RuntimeProgram;
 use crate::error::{Error, Result};
+
+/// A kubeconfig without credentials for the API server at `url` (cluster, user and context
+/// `sim`, namespace `default`): for fake API servers a test runs itself, and for addresses
+/// nobody listens on.
+pub fn kubeconfig_yaml(url: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: sim\n  cluster:\n    server: {url}\nusers:\n- name: sim\n  user: {{}}\ncontexts:\n- name: sim\n  context:\n    cluster: sim\n    user: sim\n    namespace: default\ncurrent-context: sim\npreferences: {{}}\n"
+    )
+}
 
 /// Builds `bin` of workspace package `package` for the running test's target directory and
 /// profile (once per process; parallel tests wait for one build) and returns its path.

@@ -118,12 +118,18 @@ pub(crate) fn resources(registry: &Registry, group: &str, version: &str) -> Opti
             let (kind, verbs) = match *sub {
                 "log" => ("Pod", vec!["get"]),
                 "finalize" => ("Namespace", vec!["update"]),
+                "token" => ("TokenRequest", vec!["create"]),
                 _ => ("PodPortForwardOptions", vec!["create", "get"]),
             };
-            resources.push(json!({
+            let mut entry = json!({
                 "name": format!("{}/{sub}", info.plural), "singularName": "",
                 "namespaced": info.namespaced, "kind": kind, "verbs": verbs,
-            }));
+            });
+            if *sub == "token" {
+                entry["group"] = json!("authentication.k8s.io");
+                entry["version"] = json!("v1");
+            }
+            resources.push(entry);
         }
     }
     let group_version = if group.is_empty() {

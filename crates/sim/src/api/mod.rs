@@ -22,17 +22,20 @@ use serde_json::{Value, json};
 
 use crate::admission::FieldValidation;
 use crate::api_error::{ApiError, ApiResult};
+use crate::auth::{Credentials, Identity};
 use crate::meta;
 use crate::metrics::Metrics;
 use crate::ops::{ApiObjects, DeleteOptions, PatchType, Propagation, Subresource, WriteOptions};
-use crate::resources::{Builtin, ResourceInfo};
+use crate::rbac;
+use crate::resources::{Builtin, ResourceInfo, StorageKey};
 use crate::selector::{FieldSelector, LabelSelector, Selectors};
 use path::{ResourcePath, Route};
 use table::IncludeObject;
 use watch::Format;
 
-/// Largest request body accepted (CRDs with embedded pod templates are large).
-const MAX_BODY: usize = 64 * 1024 * 1024;
+/// Largest request body accepted: the API server's limit for writes (3 MiB, twice etcd's 1.5
+/// MiB, for JSON that is stored more compactly).
+pub(crate) const MAX_BODY: usize = 3 * 1024 * 1024;
 
 /// What the handlers share.
 #[derive(Debug)]
@@ -48,6 +51,10 @@ pub(crate) struct ApiState {
     pub(crate) tasks: std::sync::Mutex<tokio::task::JoinSet<()>>,
     /// Bumped to end every open watch (what an API server restart does).
     pub(crate) watch_epoch: tokio::sync::watch::Sender<u64>,
+    /// The credentials requests are authenticated with, and the key of the tokens it issues.
+    pub(crate) credentials: Arc<Credentials>,
+    /// The node's name (its kubelet's requests are not counted).
+    pub(crate) node: String,
 }
 
 impl ApiState {
@@ -113,10 +120,137 @@ fn flag(query: &Query, name: &str) -> Option<bool> {
     query.get(name).map(|v| v == "true" || v == "1")
 }
 
+/// The verb a resource request is authorized as (RBAC's: `get`, `list`, `watch`, `create`,
+/// ...). Port-forward needs `create` whatever the method (a WebSocket upgrade is a GET).
+fn resource_verb(method: &Method, target: &ResourcePath, query: &Query) -> String {
+    if target.subresource.as_deref() == Some("portforward") {
+        return "create".to_owned();
+    }
+    match *method {
+        Method::GET | Method::HEAD => match &target.name {
+            Some(_) => "get",
+            None if target.watch || flag(query, "watch") == Some(true) => "watch",
+            None => "list",
+        }
+        .to_owned(),
+        Method::POST => "create".to_owned(),
+        Method::PUT => "update".to_owned(),
+        Method::PATCH => "patch".to_owned(),
+        Method::DELETE if target.name.is_some() => "delete".to_owned(),
+        Method::DELETE => "deletecollection".to_owned(),
+        ref other => other.as_str().to_ascii_lowercase(),
+    }
+}
+
+/// The RBAC objects that decide a request in `namespace`.
+fn policy(objects: &ApiObjects, namespace: &str) -> rbac::Policy {
+    let list = |plural: &str, namespace: Option<&str>| {
+        objects
+            .store
+            .list(&StorageKey::new(rbac::GROUP, plural), namespace)
+            .0
+    };
+    rbac::Policy {
+        cluster_roles: list("clusterroles", None),
+        cluster_bindings: list("clusterrolebindings", None),
+        roles: if namespace.is_empty() {
+            Vec::new()
+        } else {
+            list("roles", Some(namespace))
+        },
+        bindings: if namespace.is_empty() {
+            Vec::new()
+        } else {
+            list("rolebindings", Some(namespace))
+        },
+    }
+}
+
+/// Authenticates and authorizes a request: 401 without a credential the server accepts (but
+/// for the version and health checks, which a real API server leaves open to anonymous
+/// users), 403 when the user may not do what it asks.
+fn admit(
+    state: &ApiState,
+    headers: &HeaderMap,
+    method: &Method,
+    route: &Route,
+    path: &str,
+    query: &Query,
+) -> ApiResult<Option<Identity>> {
+    let identity = state
+        .credentials
+        .authenticate(headers, &state.objects.store)?;
+    let Some(identity) = identity else {
+        return if matches!(route, Route::Version | Route::Health) {
+            Ok(None)
+        } else {
+            Err(ApiError::unauthorized())
+        };
+    };
+    if rbac::unrestricted(&identity) {
+        return Ok(Some(identity));
+    }
+    match route {
+        Route::Resource(target) => {
+            let verb = resource_verb(method, target, query);
+            let resource = match &target.subresource {
+                Some(sub) => format!("{}/{sub}", target.plural),
+                None => target.plural.clone(),
+            };
+            // A namespace's own requests are in that namespace, as RBAC sees them.
+            let namespace = match (&target.namespace, target.plural.as_str(), &target.name) {
+                (Some(namespace), _, _) => namespace.as_str(),
+                (None, "namespaces", Some(name)) => name.as_str(),
+                _ => "",
+            };
+            let name = target.name.as_deref().unwrap_or_default();
+            let request = rbac::Request::Resource {
+                verb: &verb,
+                group: &target.group,
+                resource: &resource,
+                namespace,
+                name,
+            };
+            if !rbac::allows(&identity, &request, &policy(&state.objects, namespace)) {
+                return Err(ApiError::not_allowed(
+                    &identity.user,
+                    &verb,
+                    &target.group,
+                    &resource,
+                    namespace,
+                    name,
+                ));
+            }
+        }
+        _ => {
+            let verb = method.as_str().to_ascii_lowercase();
+            let request = rbac::Request::Path { verb: &verb, path };
+            if !rbac::allows(&identity, &request, &policy(&state.objects, "")) {
+                return Err(ApiError::path_not_allowed(&identity.user, &verb, path));
+            }
+        }
+    }
+    Ok(Some(identity))
+}
+
 async fn handle(State(state): State<Arc<ApiState>>, mut request: Request) -> Response {
     let path = request.uri().path().to_owned();
     let query = parse_query(request.uri().query());
     let route = path::parse(&path);
+    let identity = match admit(
+        &state,
+        request.headers(),
+        request.method(),
+        &route,
+        &path,
+        &query,
+    ) {
+        Ok(identity) => identity,
+        Err(error) => return error.into_response(),
+    };
+    let from_node = identity
+        .as_ref()
+        .is_some_and(|identity| *identity == Identity::node(&state.node));
     let result = match route {
         Route::Version => Ok(json_response(StatusCode::OK, &discovery::version(), &[])),
         Route::Health => Ok((StatusCode::OK, "ok").into_response()),
@@ -162,7 +296,7 @@ async fn handle(State(state): State<Arc<ApiState>>, mut request: Request) -> Res
             } else {
                 None
             };
-            resource(&state, request, target, query, upgrade).await
+            resource(&state, request, target, query, upgrade, from_node).await
         }
         Route::NotFound => Err(ApiError::no_route(&path)),
     };
@@ -188,16 +322,10 @@ fn output_format(headers: &HeaderMap, query: &Query) -> Format {
 }
 
 /// The user agent of the sim's own kubelet (field manager `kubelet`, as a real kubelet's).
+/// Its requests, authenticated with the node's credential, are not counted: the counters show
+/// what the product's components and tests ask of the API, as they did when the kubelet wrote
+/// to the store directly.
 pub(crate) const NODE_USER_AGENT: &str = "kubelet/v1.35.0-sim (kube-sim node)";
-
-/// Whether a request comes from the sim's own kubelet. Its requests are not counted: the
-/// counters show what the product's components and tests ask of the API, as they did when the
-/// kubelet wrote to the store directly.
-fn is_node(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::USER_AGENT)
-        .is_some_and(|agent| agent.as_bytes() == NODE_USER_AGENT.as_bytes())
-}
 
 fn user_agent_manager(headers: &HeaderMap) -> String {
     let agent = headers
@@ -235,14 +363,34 @@ fn write_options(headers: &HeaderMap, query: &Query, apply: bool) -> WriteOption
 /// The object in a create or update body: JSON, YAML, or (from client-go's typed clients) the
 /// protobuf encoding.
 fn parse_object_body(headers: &HeaderMap, bytes: &[u8]) -> ApiResult<Value> {
-    let content_type = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default();
-    if crate::protobuf::is_protobuf(content_type) {
+    let content_type = body_media_type(headers)?;
+    if crate::protobuf::is_protobuf(&content_type) {
         return crate::protobuf::decode(bytes);
     }
     parse_body(bytes, true)
+}
+
+/// The media type of a create, update or delete body, which must be one the API server
+/// decodes (JSON when none is given); anything else, `text/plain` or a form included, is 415
+/// as on a real API server.
+fn body_media_type(headers: &HeaderMap) -> ApiResult<String> {
+    let given = headers
+        .get(header::CONTENT_TYPE)
+        .map(|v| v.to_str().unwrap_or("?"))
+        .unwrap_or_default();
+    let media_type = given
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    match media_type.as_str() {
+        "" | "application/json" | "application/yaml" => Ok(media_type),
+        other if crate::protobuf::is_protobuf(other) => Ok(media_type),
+        _ => Err(ApiError::unsupported_media_type(
+            "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml, application/vnd.kubernetes.protobuf",
+        )),
+    }
 }
 
 fn parse_body(bytes: &[u8], yaml_allowed: bool) -> ApiResult<Value> {
@@ -298,6 +446,7 @@ async fn resource(
     target: ResourcePath,
     query: Query,
     upgrade: Option<hyper::upgrade::OnUpgrade>,
+    from_node: bool,
 ) -> ApiResult<Response> {
     let info = state
         .objects
@@ -311,7 +460,6 @@ async fn resource(
     let headers = request.headers().clone();
     let sub = target.subresource.as_deref();
     let label = resource_label(&info, sub);
-    let from_node = is_node(&headers);
     let count = |verb: &str| {
         if !from_node {
             state.metrics.count(verb, &info.group, &label);
@@ -332,10 +480,25 @@ async fn resource(
     }
 
     let Some(name) = target.name.clone() else {
-        return collection(state, request, &info, target, query, &method, &headers).await;
+        return collection(state, request, &info, target, query, &method, from_node).await;
     };
     if info.namespaced && target.namespace.is_none() {
         return Err(ApiError::no_route(request.uri().path()));
+    }
+    if info.builtin == Builtin::ServiceAccount && sub == Some("token") {
+        if method != Method::POST {
+            return Err(ApiError::method_not_allowed(format!(
+                "the server does not allow this method on the requested resource ({method})"
+            )));
+        }
+        count("create");
+        let body = read_body(request).await?;
+        let value = parse_object_body(&headers, &body)?;
+        let answer =
+            state
+                .credentials
+                .token_request(&state.objects.store, &namespace, &name, &value)?;
+        return Ok(json_response(StatusCode::CREATED, &answer, &[]));
     }
     let subresource = subresource(&info, sub)?;
     let format = output_format(&headers, &query);
@@ -415,7 +578,7 @@ async fn resource(
         Method::DELETE => {
             count("delete");
             let body = read_body(request).await?;
-            let options = delete_options(&body, &query)?;
+            let options = delete_options(&headers, &body, &query)?;
             let (object, _) = state.objects.delete(&info, &namespace, &name, &options)?;
             Ok(json_response(StatusCode::OK, &object, &[]))
         }
@@ -437,15 +600,26 @@ fn render_one(info: &ResourceInfo, object: Value, format: Format) -> Response {
 }
 
 async fn read_body(request: Request) -> ApiResult<bytes::Bytes> {
-    axum::body::to_bytes(request.into_body(), MAX_BODY)
+    use http_body_util::BodyExt as _;
+    match http_body_util::Limited::new(request.into_body(), MAX_BODY)
+        .collect()
         .await
-        .map_err(|error| ApiError::bad_request(format!("cannot read the request body: {error}")))
+    {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.is::<http_body_util::LengthLimitError>() => {
+            Err(ApiError::body_too_large(MAX_BODY))
+        }
+        Err(error) => Err(ApiError::bad_request(format!(
+            "cannot read the request body: {error}"
+        ))),
+    }
 }
 
-fn delete_options(body: &[u8], query: &Query) -> ApiResult<DeleteOptions> {
+fn delete_options(headers: &HeaderMap, body: &[u8], query: &Query) -> ApiResult<DeleteOptions> {
     let parsed = if body.iter().all(u8::is_ascii_whitespace) {
         json!({})
     } else {
+        body_media_type(headers)?;
         parse_body(body, false)?
     };
     let text = |field: &str| {
@@ -523,10 +697,10 @@ async fn collection(
     target: ResourcePath,
     query: Query,
     method: &Method,
-    headers: &HeaderMap,
+    from_node: bool,
 ) -> ApiResult<Response> {
     let namespace = target.namespace.clone();
-    let from_node = is_node(headers);
+    let headers = &request.headers().clone();
     let count = |verb: &str| {
         if !from_node {
             state.metrics.count(verb, &info.group, &info.plural);
@@ -597,7 +771,7 @@ async fn collection(
             count("deletecollection");
             let selectors = selectors(&query)?;
             let body = read_body(request).await?;
-            let options = delete_options(&body, &query)?;
+            let options = delete_options(headers, &body, &query)?;
             let (items, _) = state.objects.list(info, namespace.as_deref(), &selectors);
             let mut deleted = Vec::new();
             for item in items {

@@ -90,6 +90,24 @@ pub(crate) async fn http_get(addr: &str, path: &str) -> (u16, String) {
     (code, body)
 }
 
+/// `GET path` from the sim's API server over HTTPS, as its administrator (`Some(token)`: with
+/// that bearer token instead; `Some("")`: with none); returns status and body.
+pub(crate) async fn api_get(sim: &Sim, path: &str, token: Option<&str>) -> (u16, String) {
+    let token = token.unwrap_or(sim.admin_token());
+    let authorization = if token.is_empty() {
+        String::new()
+    } else {
+        format!("Authorization: Bearer {token}\r\n")
+    };
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: {}\r\n{authorization}Connection: close\r\n\r\n",
+        sim.addr()
+    );
+    agent_sandbox_sim::test_support::https_exchange(sim.ca_pem(), sim.addr(), request.as_bytes())
+        .await
+        .unwrap()
+}
+
 /// The workspace's `sandbox-runtime`, built once per test process.
 pub(crate) fn runtime_binary() -> PathBuf {
     agent_sandbox_sim::test_support::workspace_binary("agent-sandbox-runtime", "sandbox-runtime")
