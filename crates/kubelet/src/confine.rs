@@ -116,14 +116,16 @@ impl Protections {
         let mut missing = Vec::new();
         if !self.confined {
             missing.push(
-                "confinement (pods run as plain processes with your user's rights:                  --isolation none was asked for)"
+                "confinement (pods run as plain processes with your user's rights: \
+                 --isolation none was asked for)"
                     .to_owned(),
             );
             return missing;
         }
         if let Some(network) = &self.network {
             missing.push(format!(
-                "a network of their own ({network}): NetworkPolicies are not enforced and pods                  reach the host's loopback and private services"
+                "a network of their own ({network}): NetworkPolicies are not enforced and pods \
+                 reach the host's loopback and private services"
             ));
         }
         if !self.host_ids {

@@ -1504,6 +1504,11 @@ impl Worker {
                 .any(|c| matches!(&c.state, State::Terminated(t) if t.exit_code != 0));
             self.info.terminal = Some(if failed { "Failed" } else { "Succeeded" }.into());
         }
+        if self.info.terminal.is_some() {
+            // Nothing of the pod runs any more: its sandbox (namespaces, storage) goes, as a
+            // node stops a finished pod's sandbox; the pod's logs stay until it is deleted.
+            self.sandbox = None;
+        }
         self.write_status();
     }
 

@@ -589,3 +589,83 @@ async fn names_from_a_pod_never_become_host_paths() {
     assert!(!data.path().join("volumes/x").exists());
     sim.stop().await;
 }
+
+#[tokio::test]
+async fn a_killed_container_restarts_in_its_pod_with_its_storage() {
+    let Some((sim, _data)) = sim().await else {
+        return;
+    };
+    let pods: Api<Pod> = Api::default_namespaced(sim.client().unwrap());
+    // The second start finds what the first left in the pod's storage.
+    let script = "if [ -f /app/first ]; then echo second-start; else touch /app/first; \
+                  echo first-start; fi; sleep 1000";
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "restarted"},
+        "spec": {"containers": [{"name": "main", "image": "busybox",
+            "command": ["sh", "-c", script]}]}
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let running = wait_phase(&pods, "restarted", &["Running"]).await;
+    let helper = running.status.unwrap().container_statuses.unwrap()[0]
+        .container_id
+        .clone()
+        .unwrap()
+        .trim_start_matches("sim://")
+        .parse::<i32>()
+        .unwrap();
+    let init: i32 = std::fs::read_to_string(format!("/proc/{helper}/task/{helper}/children"))
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    // The container's helper is killed (as `kill -KILL` of its id would): the container's
+    // init dies with it (a survivor would hold the pod's ports, so that no restart could
+    // listen on them).
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(helper).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while std::fs::read_to_string(format!("/proc/{init}/stat")).is_ok_and(|stat| {
+        !stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+    }) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the container's init {init} outlived its helper"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let pod = pods.get("restarted").await.unwrap();
+        let status = pod.status.unwrap().container_statuses.unwrap().remove(0);
+        let running = status.state.and_then(|s| s.running).is_some();
+        if status.restart_count == 1 && running {
+            break;
+        }
+        assert!(
+            status.restart_count <= 1 && tokio::time::Instant::now() < deadline,
+            "restart count {}, last state {:?}",
+            status.restart_count,
+            status.last_state
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let logs = pods.logs("restarted", &LogParams::default()).await.unwrap();
+        if logs == "second-start\n" {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{logs:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    pods.delete("restarted", &Default::default()).await.unwrap();
+    sim.stop().await;
+}

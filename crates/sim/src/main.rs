@@ -126,9 +126,9 @@ fn hint(error: &anyhow::Error) -> &'static str {
         Some(Error::Bind { .. }) => "; choose another --port (0 lets the system choose)",
         Some(Error::DataDir { .. }) => "; choose another --data-dir",
         Some(Error::Kubeconfig { .. }) => "; choose another --kubeconfig",
-        Some(Error::Kubelet { .. }) => {
-            "; or use --isolation confined, which reports what is missing"
-        }
+        Some(Error::Kubelet {
+            source: agent_sandbox_kubelet::Error::NotStrict { .. },
+        }) => "; or use --isolation confined, which reports what is missing",
         _ => "",
     }
 }

@@ -74,7 +74,8 @@ impl Tool {
             }
             Self::Confinement => {
                 "enable user namespaces (sysctl -w user.max_user_namespaces=15000; on Debian \
-                 kernels also kernel.unprivileged_userns_clone=1)"
+                 kernels also kernel.unprivileged_userns_clone=1, on Ubuntu 24.04 and later \
+                 kernel.apparmor_restrict_unprivileged_userns=0)"
             }
             Self::Python3 => "apt-get install python3 (bash .ci/run installs it)",
             Self::Slirp4netns => {

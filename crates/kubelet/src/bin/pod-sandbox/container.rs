@@ -35,6 +35,11 @@ pub(crate) fn run(spec: &Container) -> ExitCode {
     // After the namespaces are joined (which a process with threads cannot do) and before the
     // PID namespace is made (after which this process can start no thread).
     let watcher = (!spec.check_only).then(crate::supervise::Watcher::start);
+    // Held by this process alone: its end tells the child that this process is gone.
+    let (lifeline, lifeline_end) = match std::io::pipe() {
+        Ok(pipe) => pipe,
+        Err(error) => return fail(&Step::message(format!("a pipe: {error}"))),
+    };
     if let Err(error) = sys::unshare(Namespace::Pid.flag() | CLONE_NEWCGROUP) {
         return fail(&Step::message(format!(
             "making the container's PID and cgroup namespaces failed: {error}"
@@ -49,13 +54,15 @@ pub(crate) fn run(spec: &Container) -> ExitCode {
         }
     };
     if child == 0 {
-        let error = match init(spec) {
+        drop(lifeline_end);
+        let error = match init(spec, &lifeline) {
             Ok(never) => match never {},
             Err(error) => error,
         };
         eprintln!("pod-sandbox: {error}");
         std::process::exit(error.code.into());
     }
+    drop(lifeline);
     // This process stays outside the container's PID namespace, as the pod's user too.
     if let Err(error) = sys::set_ids(spec.uid, spec.gid) {
         sys::kill(child, sys::SIGKILL);
@@ -102,8 +109,10 @@ fn open_sources(spec: &Container) -> Result<HashMap<String, File>, Step> {
 }
 
 /// The container's init, PID 1 of its namespace: builds the root and runs the program.
-fn init(spec: &Container) -> Result<std::convert::Infallible, Step> {
-    sys::prctl(sys::PR_SET_PDEATHSIG, sys::SIGKILL as _).map_err(Step::new("setting PDEATHSIG"))?;
+fn init(
+    spec: &Container,
+    lifeline: &std::io::PipeReader,
+) -> Result<std::convert::Infallible, Step> {
     crate::supervise::set_signals(sys::SIG_DFL);
     sys::unshare(Namespace::Mount.flag())
         .map_err(Step::new("making the container's mount namespace"))?;
@@ -123,6 +132,11 @@ fn init(spec: &Container) -> Result<std::convert::Infallible, Step> {
         "becoming user {}:{} in the pod",
         spec.uid, spec.gid
     )))?;
+    // After the last change of credentials, which would clear it: the container dies with
+    // its helper, whatever kills the helper.
+    if !sys::die_with_parent(lifeline).map_err(Step::new("setting PDEATHSIG"))? {
+        std::process::exit(crate::supervise::FAILED.into());
+    }
     let root = Root {
         base: PathBuf::from(STAGING),
     };

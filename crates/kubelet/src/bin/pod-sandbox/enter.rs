@@ -15,18 +15,24 @@ pub(crate) fn run(spec: &Enter) -> ExitCode {
     if let Err(error) = prepare(spec) {
         return fail(&error);
     }
+    let (lifeline, lifeline_end) = match std::io::pipe() {
+        Ok(pipe) => pipe,
+        Err(error) => return fail(&Step::message(format!("a pipe: {error}"))),
+    };
     let child = match sys::fork() {
         Ok(pid) => pid,
         Err(error) => return fail(&Step::message(format!("forking: {error}"))),
     };
     if child == 0 {
-        let error = match start(spec) {
+        drop(lifeline_end);
+        let error = match start(spec, &lifeline) {
             Ok(never) => match never {},
             Err(error) => error,
         };
         eprintln!("pod-sandbox: {error}");
         std::process::exit(error.code.into());
     }
+    drop(lifeline);
     crate::supervise::set_signals(sys::SIG_IGN);
     loop {
         match sys::waitpid(child, 0) {
@@ -48,8 +54,10 @@ fn prepare(spec: &Enter) -> Result<(), Step> {
     )))
 }
 
-fn start(spec: &Enter) -> Result<std::convert::Infallible, Step> {
-    sys::prctl(sys::PR_SET_PDEATHSIG, sys::SIGKILL as _).map_err(Step::new("setting PDEATHSIG"))?;
+fn start(spec: &Enter, lifeline: &std::io::PipeReader) -> Result<std::convert::Infallible, Step> {
+    if !sys::die_with_parent(lifeline).map_err(Step::new("setting PDEATHSIG"))? {
+        std::process::exit(crate::supervise::FAILED.into());
+    }
     crate::supervise::set_signals(sys::SIG_DFL);
     std::env::set_current_dir(&spec.workdir).map_err(Step::with(format!(
         "entering the working directory {}",

@@ -40,7 +40,8 @@ pub(crate) fn run(spec: &Pod) -> ExitCode {
 }
 
 fn set_up(spec: &Pod) -> Result<(), Step> {
-    sys::prctl(sys::PR_SET_PDEATHSIG, sys::SIGKILL as _).map_err(Step::new("setting PDEATHSIG"))?;
+    // No PDEATHSIG: it follows the thread that started this process, which may end long before
+    // the kubelet; the end of standard input is what ends this process.
     // The storage is mounted on the working directory: entered now, while this process may
     // still reach it (a root kubelet's pod uid may not traverse the kubelet's directories).
     let storage = Path::new(&spec.storage);

@@ -339,6 +339,28 @@ pub(crate) fn install_seccomp(program: &[u8]) -> io::Result<()> {
     })
 }
 
+/// Sets `PR_SET_PDEATHSIG` to SIGKILL and returns whether the parent is still alive, as
+/// `lifeline` (the read end of a pipe whose write end only the parent holds) tells: the signal
+/// would not come for a parent that died before it was set. Call it after the last change of
+/// credentials (which clears the setting).
+pub(crate) fn die_with_parent(lifeline: &std::io::PipeReader) -> io::Result<bool> {
+    use std::io::Read as _;
+    use std::os::fd::AsRawFd as _;
+    const F_SETFL: c_int = 4;
+    const O_NONBLOCK: c_int = 0o4000;
+    prctl(PR_SET_PDEATHSIG, SIGKILL as c_ulong)?;
+    // SAFETY: fcntl(2) with F_SETFL and an integer flag on a descriptor we own.
+    check(unsafe { c::fcntl(lifeline.as_raw_fd(), F_SETFL, O_NONBLOCK) })?;
+    let mut byte = [0u8; 1];
+    match (&*lifeline).read(&mut byte) {
+        // End of file: the parent's end is closed, the parent gone.
+        Ok(0) => Ok(false),
+        Ok(_) => Ok(true),
+        Err(error) if error.kind() == io::ErrorKind::WouldBlock => Ok(true),
+        Err(error) => Err(error),
+    }
+}
+
 /// Marks `fd` close-on-exec (errors ignored: a descriptor closed meanwhile needs nothing).
 pub(crate) fn set_cloexec(fd: c_int) {
     const F_SETFD: c_int = 2;
