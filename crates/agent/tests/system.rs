@@ -436,8 +436,14 @@ async fn local_mode_runs_the_conversation() {
         .await
         .unwrap();
     let child = agent_command(&api)
-        // The host's network: the fake Messages API listens on this machine's loopback.
-        .args(["--local", "--network", "host", "write fib.py and run it"])
+        // Pods with loopback only: nothing of this machine's network changes (the agent, not
+        // the sandbox, talks to the fake Messages API on this machine's loopback).
+        .args([
+            "--local",
+            "--network",
+            "isolated",
+            "write fib.py and run it",
+        ])
         .spawn()
         .unwrap();
     let (status, stdout, stderr) = finish(ChildGuard(child), Duration::from_secs(180)).await;

@@ -12,7 +12,9 @@ use agent_sandbox::{
 };
 use agent_sandbox_api::{SandboxClaim, annotations, labels};
 use agent_sandbox_local::testkit::{self, NAMESPACE, POOL};
-use agent_sandbox_local::{ConnectionKind, Isolation, LocalCluster, LocalConfig, RouterAuth};
+use agent_sandbox_local::{
+    ConnectionKind, Isolation, LocalCluster, LocalConfig, PodNetworks, RouterAuth,
+};
 use kube::Api;
 use pretty_assertions::assert_eq;
 use tokio::io::AsyncReadExt as _;
@@ -40,6 +42,13 @@ async fn start(replicas: i32, router_pod: bool) -> LocalCluster {
         pool_replicas: replicas,
         gateway: true,
         router_pod: router_pod.then(|| testkit::router_binary().unwrap()),
+        // A router pod reaches the API server and the sandboxes: on the host's network here
+        // (a bridge would change this machine's network).
+        networks: if router_pod {
+            PodNetworks::Host
+        } else {
+            PodNetworks::Isolated
+        },
         ..LocalConfig::default()
     };
     let harness = LocalCluster::start(config).await.unwrap();

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use agent_sandbox_sim::{Isolation, Sim, SimConfig};
+use agent_sandbox_sim::{Isolation, PodNetworks, Sim, SimConfig};
 use common::{Kubectl, group_alive, http_get, runtime_binary};
 use tokio::io::AsyncWriteExt;
 
@@ -137,9 +137,14 @@ async fn kubectl_runs_waits_for_lists_and_deletes_a_runtime_pod() {
     require_kubectl!();
     // Built next to the test binaries, where the default image table finds it.
     runtime_binary();
-    let sim = Sim::start(SimConfig::default().isolation(Isolation::Confined))
-        .await
-        .unwrap();
+    // On the host's network: the test talks to the pod directly.
+    let sim = Sim::start(
+        SimConfig::default()
+            .isolation(Isolation::Confined)
+            .pod_networks(PodNetworks::Host),
+    )
+    .await
+    .unwrap();
     let kubectl = Kubectl::new(&sim);
     let manifest = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: rt\nspec:\n  containers:\n  - name: runtime\n    image: registry.example/agent-sandbox/python-runtime-sandbox:v0.1\n";
     let applied = kubectl

@@ -1,5 +1,5 @@
-//! The process kubelet through kube-rs: pods run as local process groups (with and without
-//! bubblewrap), follow their restart policy, report status, logs and Events, honour readiness
+//! The process kubelet through kube-rs: pods run as local process groups (confined and
+//! plain), follow their restart policy, report status, logs and Events, honour readiness
 //! probes, environment and init containers, and leave no process behind (not even one the
 //! runtime started in its own session, when the runtime itself is SIGKILLed).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -7,7 +7,7 @@
 mod common;
 
 use agent_sandbox_local::testkit::{Tool, missing};
-use agent_sandbox_sim::{Isolation, Program, Sim, SimConfig, runtime_entry};
+use agent_sandbox_sim::{Isolation, PodNetworks, Program, Sim, SimConfig, runtime_entry};
 use common::{container_pid, eventually, group_alive, runtime_binary, sim};
 use k8s_openapi::api::core::v1::{ConfigMap, Event as CoreEvent, Pod};
 use kube::ResourceExt;
@@ -63,7 +63,7 @@ async fn runs_commands_and_follows_restart_policy(isolation: Isolation) {
     assert!(ip.starts_with("127.") && ip != "127.0.0.1", "{ip}");
     let logs = pods.logs("hello", &LogParams::default()).await.unwrap();
     if isolation == Isolation::Confined {
-        // Under bubblewrap the pod has its own UTS namespace named after the pod.
+        // A confined pod has its own UTS namespace named after the pod.
         assert_eq!(logs, "hello from hello\n");
     } else {
         assert!(logs.starts_with("hello from "), "{logs}");
@@ -99,7 +99,7 @@ async fn pods_run_commands_and_follow_restart_policy_without_isolation() {
 }
 
 #[tokio::test]
-async fn pods_run_commands_and_follow_restart_policy_in_bubblewrap() {
+async fn confined_pods_run_commands_and_follow_restart_policy() {
     if missing(Tool::Confinement) {
         return;
     }
@@ -107,7 +107,7 @@ async fn pods_run_commands_and_follow_restart_policy_in_bubblewrap() {
 }
 
 #[tokio::test]
-async fn bubblewrap_gives_pods_a_read_only_root_and_a_writable_app_directory() {
+async fn confined_pods_have_a_read_only_root_and_a_writable_app_directory() {
     if missing(Tool::Confinement) {
         return;
     }
@@ -120,8 +120,8 @@ async fn bubblewrap_gives_pods_a_read_only_root_and_a_writable_app_directory() {
         .unwrap();
     wait_phase(&pods, "box", "Succeeded").await;
     let logs = pods.logs("box", &LogParams::default()).await.unwrap();
-    // The shell is not pid 1: bubblewrap's init is, in the pod's own pid namespace.
-    assert_eq!(logs, "/app\nok\nread-only\ntmp-ok\npid 2\n");
+    // The container's program is PID 1 of the pod's own PID namespace, as on a node.
+    assert_eq!(logs, "/app\nok\nread-only\ntmp-ok\npid 1\n");
 }
 
 #[tokio::test]
@@ -211,7 +211,7 @@ async fn deleting_a_pod_stops_its_processes_without_isolation() {
 }
 
 #[tokio::test]
-async fn deleting_a_pod_stops_its_processes_in_bubblewrap() {
+async fn deleting_a_confined_pod_stops_its_processes() {
     if missing(Tool::Confinement) {
         return;
     }
@@ -265,17 +265,16 @@ async fn readiness_probes_gate_the_ready_condition() {
     let probed: Pod = serde_json::from_value(json!({
         "metadata": {"name": "probed"},
         "spec": {"containers": [{"name": "main", "image": "busybox", "command": ["sleep", "1000"],
-                 "readinessProbe": {"exec": {"command": ["test", "-f", "ready"]}, "periodSeconds": 1}}]}
+                 "readinessProbe": {"exec": {"command": ["test", "-f", "/gate/ready"]}, "periodSeconds": 1},
+                 "volumeMounts": [{"name": "gate", "mountPath": "/gate"}]}],
+                 "volumes": [{"name": "gate", "persistentVolumeClaim": {"claimName": "gate"}}]}
     }))
     .unwrap();
-    let created = pods.create(&PostParams::default(), &probed).await.unwrap();
+    pods.create(&PostParams::default(), &probed).await.unwrap();
     let running = wait_phase(&pods, "probed", "Running").await;
     assert_eq!(condition(&running, "Ready").as_deref(), Some("False"));
-    let marker = sim
-        .data_dir()
-        .join("pods/default")
-        .join(format!("probed-{}", created.uid().unwrap()))
-        .join("app/ready");
+    // The probe runs inside the container: the file appears there through the claim.
+    let marker = sim.data_dir().join("volumes/default/gate/ready");
     std::fs::write(&marker, "").unwrap();
     eventually("Ready", || async {
         let pod = pods.get("probed").await.unwrap();
@@ -507,8 +506,10 @@ fn runtime_process(container: i32) -> i32 {
 }
 
 async fn no_process_outlives_its_pod(isolation: Isolation) {
+    // On the host's network: the test talks to the runtime directly.
     let config = SimConfig::default()
         .isolation(isolation)
+        .pod_networks(PodNetworks::Host)
         .image(runtime_entry("*runtime*", Program::Path(runtime_binary())));
     let sim = Sim::start(config).await.unwrap();
     let pods: Api<Pod> = Api::default_namespaced(sim.client().unwrap());
@@ -575,7 +576,7 @@ async fn no_process_outlives_its_pod_without_isolation() {
 }
 
 #[tokio::test]
-async fn no_process_outlives_its_pod_in_bubblewrap() {
+async fn no_process_outlives_its_confined_pod() {
     if missing(Tool::Confinement) {
         return;
     }

@@ -6,14 +6,19 @@ use std::path::PathBuf;
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
-use agent_sandbox_sim::{Isolation, Sim, SimConfig};
+use agent_sandbox_sim::{Isolation, PodNetworks, Sim, SimConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// Starts a sim with the project's CRDs registered.
+/// Starts a sim with the project's CRDs registered, its pods on the host's network (the tests
+/// talk to them directly).
 pub(crate) async fn sim(isolation: Isolation) -> Sim {
-    let sim = Sim::start(SimConfig::default().isolation(isolation))
-        .await
-        .unwrap();
+    let sim = Sim::start(
+        SimConfig::default()
+            .isolation(isolation)
+            .pod_networks(PodNetworks::Host),
+    )
+    .await
+    .unwrap();
     sim.apply_crds().unwrap();
     sim
 }
