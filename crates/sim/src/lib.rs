@@ -397,6 +397,38 @@ fn client_for(
     kube::Client::try_from(config).map_err(client_error)
 }
 
+/// The start of the name of a sim's own data directory: `kube-sim-<pid>-<random>`.
+const DATA_DIR_PREFIX: &str = "kube-sim-";
+
+/// Removes the data directories in `base` of sims whose process is gone (killed before they
+/// could remove their own): what they held (pods' logs, credentials, a router's token) must not
+/// outlive them.
+fn sweep_data_dirs(base: &Path) {
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return;
+    };
+    let me = rustix::process::geteuid().as_raw();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|name| name.strip_prefix(DATA_DIR_PREFIX))
+            .and_then(|rest| rest.split_once('-'))
+            .and_then(|(pid, _)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        use std::os::unix::fs::MetadataExt as _;
+        let ours = entry
+            .metadata()
+            .is_ok_and(|metadata| metadata.is_dir() && metadata.uid() == me);
+        if ours && !Path::new(&format!("/proc/{pid}")).exists() {
+            // `remove_dir_all` never follows a symbolic link out of the directory.
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 /// Creates `dir` and its missing parents, those it creates readable by the owner only.
 fn create_private_dir(dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt as _;
@@ -496,8 +528,12 @@ impl Sim {
         let (temp, data_dir) = match &config.data_dir {
             Some(dir) => (None, dir.clone()),
             None => {
+                // Private (pods' files, logs, the kubeconfig, a local router's token), and named
+                // after this process so that the next start removes it if this one is killed.
+                sweep_data_dirs(&std::env::temp_dir());
                 let temp = tempfile::Builder::new()
-                    .prefix("kube-sim-")
+                    .prefix(&format!("{DATA_DIR_PREFIX}{}-", std::process::id()))
+                    .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
                     .tempdir()
                     .map_err(|source| Error::DataDir {
                         path: std::env::temp_dir(),
@@ -751,3 +787,26 @@ impl Drop for Sim {
     }
 }
 
+#[cfg(test)]
+mod data_dir_tests {
+    use super::*;
+
+    #[test]
+    fn the_data_directories_of_dead_sims_are_swept_and_no_other() {
+        let base = tempfile::tempdir().unwrap();
+        // No pid reaches 999999999 (the kernel's limit is 2^22).
+        let dead = base.path().join("kube-sim-999999999-abc");
+        let alive = base
+            .path()
+            .join(format!("kube-sim-{}-def", std::process::id()));
+        let other = base.path().join("kube-sim-notapid");
+        for dir in [&dead, &alive, &other] {
+            std::fs::create_dir(dir).unwrap();
+            std::fs::write(dir.join("token"), "secret").unwrap();
+        }
+        sweep_data_dirs(base.path());
+        assert!(!dead.exists());
+        assert!(alive.join("token").exists());
+        assert!(other.join("token").exists());
+    }
+}
