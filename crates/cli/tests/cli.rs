@@ -221,7 +221,7 @@ async fn run_local_works_from_a_clean_environment_and_leaves_nothing_behind() {
     let out = output(command).await;
     assert_eq!(ok(&out), "42\n");
     let stderr = text(&out.stderr);
-    assert!(!stderr.contains("lack"), "{stderr}");
+    assert!(!stderr.contains("MISSING"), "{stderr}");
     assert!(stderr.contains("claimed sandbox-claim-"), "{stderr}");
     assert!(stderr.contains("exit code 0, ran in"), "{stderr}");
     // The local cluster kept its data under TMPDIR (= home): no process mentions it any more
@@ -261,7 +261,7 @@ async fn run_local_as_a_user_not_root_gives_pods_networks_of_their_own() {
     assert_eq!(ok(&out), "42\n");
     let stderr = text(&out.stderr);
     // What a user that is not root lacks is said; a network of their own is not among it.
-    assert!(stderr.contains("lack a host uid per pod"), "{stderr}");
+    assert!(stderr.contains("MISSING: a host uid per pod"), "{stderr}");
     assert!(!stderr.contains("network of their own"), "{stderr}");
     assert!(!stderr.contains("no internet"), "{stderr}");
     // Where this user cannot open /dev/net/tun (the machine's own node here: root's only),
@@ -297,6 +297,111 @@ async fn run_local_as_a_user_not_root_gives_pods_networks_of_their_own() {
     .await;
 }
 
+/// A directory with only `tools` of this machine (symbolic links), for a `PATH` without
+/// anything else: no bubblewrap, `ip`, `nft` or `slirp4netns`.
+fn only(tools: &[&str]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for tool in tools {
+        let found = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+            .map(|dir| dir.join(tool))
+            .find(|path| path.is_file())
+            .unwrap_or_else(|| panic!("{tool} is not on PATH"));
+        std::os::unix::fs::symlink(found, dir.path().join(tool)).unwrap();
+    }
+    dir
+}
+
+#[tokio::test]
+async fn run_local_confines_with_nothing_installed_and_refuses_without_user_namespaces() {
+    if testkit::missing(Tool::Python3) || testkit::missing(Tool::Confinement) {
+        return;
+    }
+    // A user's secrets where a sandbox could look for them.
+    let home = tempfile::tempdir().unwrap();
+    std::fs::create_dir(home.path().join(".kube")).unwrap();
+    let kubeconfig = home.path().join(".kube/config");
+    std::fs::write(&kubeconfig, "token: SECRET-OF-THE-HOST\n").unwrap();
+    let path = only(&["python3", "sh", "unshare"]);
+    let command = |args: &[&str]| {
+        let mut command = Command::new(BIN);
+        command
+            .args(args)
+            .env_clear()
+            .env("PATH", path.path())
+            .env("HOME", home.path())
+            .env("TMPDIR", home.path())
+            .stdin(Stdio::null());
+        command
+    };
+    // The README's first command.
+    let out = output(command(&[
+        "run",
+        "--local",
+        "--",
+        "python3",
+        "-c",
+        "print(6*7)",
+    ]))
+    .await;
+    assert_eq!(ok(&out), "42\n");
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("own user, mount, PID, IPC and UTS namespaces"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("own network with loopback only"),
+        "{stderr}"
+    );
+    // What a sandbox sees: none of the host's secrets, a user that is not root, a PID 1 of its
+    // own (the runtime, not the machine's init).
+    let script = format!(
+        "cat ~/.kube/config {} 2>/dev/null; id -u; tr '\\0' ' ' < /proc/1/cmdline",
+        kubeconfig.display()
+    );
+    let out = output(command(&["run", "--local", "--", "sh", "-c", &script])).await;
+    let stdout = ok(&out);
+    assert!(!stdout.contains("SECRET-OF-THE-HOST"), "{stdout}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{stdout}");
+    assert_ne!(lines[0], "0", "{stdout}");
+    assert!(lines[0].parse::<u32>().is_ok(), "{stdout}");
+    let host_init = text(&std::fs::read("/proc/1/cmdline").unwrap()).replace('\0', " ");
+    assert_ne!(lines[1], host_init.trim_end(), "{stdout}");
+    assert!(
+        lines[1].contains(agent_sandbox_local::RUNTIME_SUBCOMMAND),
+        "{stdout}"
+    );
+    // Where user namespaces cannot be made, the command refuses and says how to fix it.
+    let mut refused = Command::new("unshare");
+    refused
+        .args(["--user", "--map-root-user", "--", "sh", "-c"])
+        .arg("echo 0 > /proc/sys/user/max_user_namespaces && exec \"$0\" \"$@\"")
+        .arg(BIN)
+        .args(["run", "--local", "--", "python3", "-c", "print(6*7)"])
+        .env_clear()
+        .env("PATH", path.path())
+        .env("HOME", home.path())
+        .env("TMPDIR", home.path())
+        .stdin(Stdio::null());
+    let out = output(refused).await;
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert_eq!(text(&out.stdout), "", "{stderr}");
+    for wanted in [
+        "cannot confine pods",
+        "user namespaces are disabled",
+        "user.max_user_namespaces",
+        "--isolation none",
+    ] {
+        assert!(stderr.contains(wanted), "{wanted}: {stderr}");
+    }
+    eventually("no process of the local cluster", || async {
+        processes_mentioning(home.path()).is_empty()
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn run_local_propagates_the_exit_code_and_both_streams() {
     let home = tempfile::tempdir().unwrap();
@@ -305,7 +410,7 @@ async fn run_local_propagates_the_exit_code_and_both_streams() {
         "run",
         "--local",
         "--network",
-        "host",
+        "isolated",
         "--",
         "echo out; echo err >&2; exit 7",
     ]);
@@ -698,7 +803,7 @@ async fn ctrl_c_during_run_local_stops_every_process() {
             "run",
             "--local",
             "--network",
-            "host",
+            "isolated",
             "--",
             "echo started; sleep 60",
         ])
@@ -738,7 +843,7 @@ async fn dev_serves_until_ctrl_c_and_completion_prints_a_script() {
         .args([
             "dev",
             "--network",
-            "host",
+            "isolated",
             "--replicas",
             "1",
             "--kubeconfig-out",
