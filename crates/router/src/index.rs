@@ -142,6 +142,35 @@ impl Unroutable {
         !matches!(self, Self::PodTerminating { .. })
     }
 
+    /// What the router last saw of a suspended sandbox it asked to be resumed, as the end of
+    /// the sentence "last seen, it ...".
+    pub fn while_waking(&self) -> String {
+        match self {
+            Self::Suspended => "was still suspended (spec.operatingMode: Suspended), so the \
+                                controller has not resumed it (is the controller running?)"
+                .to_owned(),
+            Self::NotReady { reason, message } if reason.is_empty() && message.is_empty() => {
+                "was resumed but not Ready yet (no Ready condition)".to_owned()
+            }
+            Self::NotReady { reason, message } => {
+                format!("was resumed but not Ready: {reason}: {message}")
+            }
+            Self::NoPod { pod } => format!("was resumed, but its pod {pod} did not exist yet"),
+            Self::NoPodIp { pod } => format!("was resumed, but its pod {pod} had no IP yet"),
+            Self::PodTerminating { pod } => {
+                format!("was resumed, but its pod {pod} was terminating")
+            }
+            Self::PodNotControlled { pod } => {
+                format!("was resumed, but pod {pod} is not controlled by it")
+            }
+            Self::NotFound => "was gone (deleted)".to_owned(),
+            Self::NotSynced => "was not known to the router (its index had not synced)".to_owned(),
+            Self::WarmPoolMember { pool } => {
+                format!("was an unclaimed warm-pool member (pool {pool})")
+            }
+        }
+    }
+
     /// A sentence naming the sandbox `namespace/name`.
     pub fn describe(&self, namespace: &str, name: &str) -> String {
         let sandbox = format!("{namespace}/{name}");

@@ -286,7 +286,7 @@ impl Proxy {
         )?;
         let timeout = deadline(routing.timeout, self.max_timeout);
         let deadline_at = tokio::time::Instant::now() + timeout;
-        let backend = self.resolve(&routing, deadline_at).await?;
+        let backend = self.resolve(&routing, timeout, deadline_at).await?;
         let addr = route::target(&routing, &backend)?;
         let activity = |cluster: &Arc<crate::activity::Cluster>| {
             cluster.recorder.begin(
@@ -381,10 +381,12 @@ impl Proxy {
     /// The sandbox's backend. A sandbox that is not routable yet for a reason the index may
     /// catch up on (its watch a moment behind the claim that adopted it or the pod that became
     /// ready) is looked up again at each index change for up to [`INDEX_SETTLE`] (within the
-    /// request's deadline) before the request is refused.
+    /// request's deadline, `timeout` after it arrived, at `deadline_at`) before the request is
+    /// refused; a suspended one is woken and waited for until the deadline.
     async fn resolve(
         &self,
         routing: &Routing,
+        timeout: Duration,
         deadline_at: tokio::time::Instant,
     ) -> Result<Backend, Rejection> {
         let mut settle_at = deadline_at.min(tokio::time::Instant::now() + INDEX_SETTLE);
@@ -421,15 +423,7 @@ impl Proxy {
             }
             if !why.may_settle() || tokio::time::timeout_at(settle_at, changed).await.is_err() {
                 if waking {
-                    return Err(Rejection::new(
-                        Reason::Timeout,
-                        format!(
-                            "Sandbox {} was suspended and did not wake before the request's \
-                             deadline (X-Sandbox-Timeout); still: {}",
-                            routing.sandbox(),
-                            why.describe(&routing.namespace, &routing.id)
-                        ),
-                    ));
+                    return Err(route::did_not_wake(routing, timeout, &why));
                 }
                 return Err(route::unroutable(routing, &why));
             }
@@ -495,7 +489,8 @@ fn unix_now() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
-fn seconds(duration: Duration) -> String {
+/// `5s`, `1.500s`: a duration in messages.
+pub(crate) fn seconds(duration: Duration) -> String {
     let value = duration.as_secs_f64();
     if value.fract() == 0.0 {
         format!("{value:.0}s")
