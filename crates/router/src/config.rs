@@ -73,6 +73,41 @@ pub struct Config {
     /// Writes of a sandbox's `status.lastActivityTime` are at least this far apart (a quarter
     /// of its `activeTTLSeconds` when that is shorter).
     pub activity_interval: Duration,
+    /// Files `auth`'s token or keys (and `scoped_v2_keys`) were read from: re-read every
+    /// `credential_reload_interval` while the router runs, so that a rotation takes effect
+    /// without a restart (empty: nothing is re-read).
+    pub credential_files: CredentialFiles,
+    /// How often `credential_files` are looked at.
+    pub credential_reload_interval: Duration,
+}
+
+/// The files the router's credentials come from ([`Config::credential_files`]). A key or token
+/// no longer in them is refused from the next reload on, and the upgraded connections opened
+/// with a token it verified are closed then.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CredentialFiles {
+    /// The static token's file (`--token-file`).
+    pub token: Option<PathBuf>,
+    /// The scoped-token v1 signing key files.
+    pub signing_keys: Vec<PathBuf>,
+    /// The scoped-token v2 verification key file.
+    pub verification_keys: Option<PathBuf>,
+}
+
+impl CredentialFiles {
+    /// Whether there is no file to re-read.
+    pub fn is_empty(&self) -> bool {
+        self.token.is_none() && self.signing_keys.is_empty() && self.verification_keys.is_none()
+    }
+
+    /// Every file, in a fixed order.
+    pub(crate) fn paths(&self) -> impl Iterator<Item = &Path> {
+        self.token
+            .iter()
+            .chain(&self.signing_keys)
+            .chain(&self.verification_keys)
+            .map(PathBuf::as_path)
+    }
 }
 
 /// A maker of sockets for connections to pods ([`Config::pod_sockets`]): given the pod IP to
@@ -108,6 +143,9 @@ pub mod defaults {
     pub const POOL_IDLE_SECONDS: &str = "60";
     /// `--activity-interval`.
     pub const ACTIVITY_INTERVAL_SECONDS: &str = "30";
+    /// How often token and key files are re-read: a mounted Secret's update reaches the pod
+    /// within the kubelet's sync period (about a minute), so a few seconds more do not matter.
+    pub const CREDENTIAL_RELOAD_SECONDS: &str = "10";
 }
 
 impl Config {
@@ -133,6 +171,8 @@ impl Config {
             pool_idle_timeout: secs(defaults::POOL_IDLE_SECONDS),
             pod_sockets: None,
             activity_interval: secs(defaults::ACTIVITY_INTERVAL_SECONDS),
+            credential_files: CredentialFiles::default(),
+            credential_reload_interval: secs(defaults::CREDENTIAL_RELOAD_SECONDS),
         }
     }
 }
@@ -788,6 +828,23 @@ impl Args {
 
         let (auth, scoped_v2_keys, scoped_v1_accept_until) =
             self.resolve_auth(env, &dialect, &mut warnings)?;
+        let credential_files = match &auth {
+            Auth::None => CredentialFiles::default(),
+            Auth::Token(_) => CredentialFiles {
+                token: self.token_file.clone(),
+                ..CredentialFiles::default()
+            },
+            Auth::Scoped(_) => CredentialFiles {
+                token: None,
+                signing_keys: self
+                    .signing_key_file
+                    .iter()
+                    .chain(&self.go.authz_scoped_token_secret_file)
+                    .cloned()
+                    .collect(),
+                verification_keys: self.go.authz_scoped_token_verification_keys_file.clone(),
+            },
+        };
         Ok(Resolved {
             config: Config {
                 listen,
@@ -810,6 +867,11 @@ impl Args {
                 pool_idle_timeout: self.pool_idle_timeout,
                 pod_sockets: None,
                 activity_interval: self.activity_interval,
+                credential_files,
+                credential_reload_interval: parse_positive_duration(
+                    defaults::CREDENTIAL_RELOAD_SECONDS,
+                )
+                .unwrap_or(Duration::from_secs(10)),
             },
             kubeconfig: self.go.kubeconfig,
             warnings,
@@ -1532,8 +1594,17 @@ mod tests {
         let config = config(&["--authz-mode=scoped-token", &v2_flag]);
         assert!(matches!(&config.auth, Auth::Scoped(keys) if keys.is_empty()));
         assert_eq!(config.scoped_v2_keys.key_ids().collect::<Vec<_>>(), ["k1"]);
+        assert_eq!(
+            config.credential_files,
+            CredentialFiles {
+                verification_keys: Some(v2.into()),
+                ..CredentialFiles::default()
+            },
+            "read again while the router runs"
+        );
         let config = self::config(&["--authz-mode=scoped-token", &v1_flag]);
         assert!(matches!(&config.auth, Auth::Scoped(keys) if keys.len() == 1));
+        assert_eq!(config.credential_files.signing_keys, [PathBuf::from(v1)]);
         // Key files without a mode choose scoped (never the Go router's allow-all).
         let config = self::config(&[&v2_flag]);
         assert!(matches!(&config.auth, Auth::Scoped(_)));
@@ -1600,6 +1671,10 @@ mod tests {
             panic!("{:?}", config.auth)
         };
         assert_eq!(secret.expose(), b"0123456789abcdef0123456789abcdef");
+        assert_eq!(
+            config.credential_files.token.as_deref(),
+            Some(token.as_path())
+        );
         // Never printed.
         assert!(!format!("{config:?}").contains("0123456789"));
 
