@@ -27,7 +27,7 @@ use agent_sandbox_api::{
 use agent_sandbox_controller::Config;
 use agent_sandbox_controller::config::LeaderElection;
 use agent_sandbox_local::testkit::{self, Check};
-use agent_sandbox_local::{ControllerTask, LocalCluster, LocalConfig};
+use agent_sandbox_local::{ControllerTask, LocalCluster, LocalConfig, PodNetworks};
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
@@ -76,6 +76,9 @@ impl Harness {
         let cluster = LocalCluster::start(LocalConfig {
             runtime: testkit::runtime_program().unwrap(),
             controller: Some(config),
+            // These tests run commands in pods at their IPs from this process, which a pod's
+            // network of its own (loopback only, the default) does not let through.
+            networks: PodNetworks::Host,
             ..LocalConfig::api_only()
         })
         .await
