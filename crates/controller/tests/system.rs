@@ -76,7 +76,8 @@ impl Harness {
         let cluster = LocalCluster::start(LocalConfig {
             runtime: testkit::runtime_program().unwrap(),
             controller: Some(config),
-            // On the host's network: the tests talk to the sandboxes' runtimes directly.
+            // These tests run commands in pods at their IPs from this process, which a pod's
+            // network of its own (loopback only, the default) does not let through.
             networks: PodNetworks::Host,
             ..LocalConfig::api_only()
         })
@@ -336,11 +337,18 @@ async fn a_pool_fills_and_a_claim_adopts_a_running_member_then_the_pool_refills(
     let pods: Api<Pod> = h.api();
     let members: Vec<Sandbox> = sandboxes.list(&Default::default()).await.unwrap().items;
     assert_eq!(members.len(), 3);
-    let pod_uids: BTreeMap<String, String> = pods
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
+    let member_pods = pods.list(&Default::default()).await.unwrap().items;
+    // Upstream's labels: a member's pod names its pool, so that a router reading pods only
+    // refuses it.
+    for pod in &member_pods {
+        assert_eq!(
+            pod.labels().get(labels::WARM_POOL_SANDBOX),
+            Some(&name_hash("pool")),
+            "{}",
+            pod.name_any()
+        );
+    }
+    let pod_uids: BTreeMap<String, String> = member_pods
         .into_iter()
         .map(|p| (p.name_any(), p.metadata.uid.unwrap()))
         .collect();
@@ -388,8 +396,13 @@ async fn a_pool_fills_and_a_claim_adopts_a_running_member_then_the_pool_refills(
         Some(&name)
     );
 
-    // Same pod, still running: adoption did not restart it.
-    let pod = get(&pods, &name).await.unwrap();
+    // Same pod, still running: adoption did not restart it; the pool label goes.
+    let pod = wait_for(
+        "the adopted member's pod to lose the pool label",
+        || get(&pods, &name),
+        |pod: &Pod| !pod.labels().contains_key(labels::WARM_POOL_SANDBOX),
+    )
+    .await;
     assert_eq!(pod.metadata.uid.as_ref(), pod_uids.get(&name));
     let ip = &ready.status.as_ref().unwrap().sandbox.pod_ips[0];
     assert_eq!(
@@ -460,7 +473,7 @@ async fn quiet(h: &Harness) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_warm_claim_costs_five_writes_with_upstreams_annotations() {
+async fn a_warm_claim_costs_six_writes_with_upstreams_labels_and_annotations() {
     let h = Harness::start().await;
     create(&h.api(), &template("python")).await;
     create(&h.api(), &pool("pool", "python", 1)).await;
@@ -506,8 +519,9 @@ async fn a_warm_claim_costs_five_writes_with_upstreams_annotations() {
         "API writes for one warm claim: {writes} (+ {pool_writes} pool status); breakdown: {during:?}"
     );
     assert_eq!(
-        writes, 5,
-        "claim create, adoption patch, claim annotations, claim status, SandboxAdopted event: {during:?}"
+        writes, 6,
+        "claim create, adoption patch, claim annotations, claim status, SandboxAdopted event, \
+         the pool label off the pod: {during:?}"
     );
     assert_eq!(
         during.get("patch", "extensions.agents.x-k8s.io", "sandboxclaims"),
@@ -545,10 +559,20 @@ async fn a_warm_claim_costs_five_writes_with_upstreams_annotations() {
         1
     );
     assert_eq!(during.get("create", "events.k8s.io", "events"), 1);
+    // Upstream's labels: the member's pod carried the pool label until the adoption, so a
+    // router that reads pods only refused it; one metadata patch takes it off (the pod is not
+    // restarted).
     assert_eq!(
         during.get("patch", "", "pods"),
-        0,
-        "the live pod is not touched"
+        1,
+        "one metadata patch of the live pod"
+    );
+    let pods: Api<Pod> = h.api();
+    let pod = get(&pods, sandbox_name).await.unwrap();
+    assert!(
+        !pod.labels().contains_key(labels::WARM_POOL_SANDBOX),
+        "{:?}",
+        pod.labels()
     );
 }
 

@@ -14,12 +14,18 @@
 //!
 //!   Missing, forged, malformed and expired tokens get 401, a valid token for another target
 //!   gets 403.
+//!
+//! A request let through gets a [`Grant`]: until when its credential is good. An upgraded
+//! connection lives on that grant: it is closed when it runs out, or when the credentials are
+//! read again ([`Authorizer::reread`]) and its request no longer passes.
 
 use agent_sandbox_api::token::{self, TokenError, v2};
 use http::{HeaderMap, Method, header};
 use subtle::ConstantTimeEq as _;
 
-use crate::config::{Auth, Config};
+use crate::config::{
+    Auth, Config, CredentialFiles, read_signing_key, read_static_token, read_verification_keys,
+};
 use crate::headers::Routing;
 use crate::reject::{Reason, Rejection, shown};
 
@@ -55,6 +61,57 @@ pub(crate) struct Request<'a> {
     pub(crate) path: &'a str,
 }
 
+/// What an authorized request may rely on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Grant {
+    /// The credential is good strictly before this instant (Unix seconds): a scoped token's
+    /// expiry, or the end of v1 tokens if earlier. `None`: until the credentials change.
+    pub(crate) expires_at: Option<i64>,
+}
+
+impl Grant {
+    const UNTIL_CHANGED: Self = Self { expires_at: None };
+}
+
+/// What a tunnel keeps of the request that opened it, to authorize it again when the
+/// credentials are read again.
+#[derive(Debug, Clone)]
+pub(crate) struct OpenedWith {
+    /// Its `Authorization` headers.
+    headers: HeaderMap,
+    routing: Routing,
+    method: Method,
+    path: String,
+}
+
+impl OpenedWith {
+    pub(crate) fn new(headers: &HeaderMap, request: Request<'_>) -> Self {
+        let mut kept = HeaderMap::new();
+        for value in headers.get_all(header::AUTHORIZATION) {
+            kept.append(header::AUTHORIZATION, value.clone());
+        }
+        Self {
+            headers: kept,
+            routing: request.routing.clone(),
+            method: request.method.clone(),
+            path: request.path.to_owned(),
+        }
+    }
+
+    /// Whether `authorizer` still lets this request through at `now`, and until when.
+    pub(crate) fn authorize(&self, authorizer: &Authorizer, now: i64) -> Result<Grant, Rejection> {
+        authorizer.authorize(
+            &self.headers,
+            Request {
+                routing: &self.routing,
+                method: &self.method,
+                path: &self.path,
+            },
+            now,
+        )
+    }
+}
+
 /// The configured authentication, with the scoped-token settings beside [`Auth`].
 #[derive(Debug, Clone)]
 pub(crate) struct Authorizer {
@@ -77,17 +134,47 @@ impl Authorizer {
         self.auth.mode()
     }
 
-    /// Whether a request with `headers` may reach `request`'s target at `now` (Unix seconds).
+    /// This authorizer with its token or keys read again from `files` (the mode and the end of
+    /// v1 tokens stay); credentials without a file are kept.
+    pub(crate) fn reread(&self, files: &CredentialFiles) -> crate::Result<Self> {
+        let auth = match &self.auth {
+            Auth::None => Auth::None,
+            Auth::Token(token) => Auth::Token(match &files.token {
+                Some(path) => read_static_token(path)?,
+                None => token.clone(),
+            }),
+            Auth::Scoped(keys) if files.signing_keys.is_empty() => Auth::Scoped(keys.clone()),
+            Auth::Scoped(_) => Auth::Scoped(
+                files
+                    .signing_keys
+                    .iter()
+                    .map(|path| read_signing_key(path))
+                    .collect::<crate::Result<_>>()?,
+            ),
+        };
+        let v2_keys = match (&self.auth, &files.verification_keys) {
+            (Auth::Scoped(_), Some(path)) => read_verification_keys(path)?,
+            _ => self.v2_keys.clone(),
+        };
+        Ok(Self {
+            auth,
+            v2_keys,
+            v1_accept_until: self.v1_accept_until,
+        })
+    }
+
+    /// Whether a request with `headers` may reach `request`'s target at `now` (Unix seconds),
+    /// and until when.
     pub(crate) fn authorize(
         &self,
         headers: &HeaderMap,
         request: Request<'_>,
         now: i64,
-    ) -> Result<(), Rejection> {
+    ) -> Result<Grant, Rejection> {
         let routing = request.routing;
         let sandbox = routing.sandbox();
         let token = match &self.auth {
-            Auth::None => return Ok(()),
+            Auth::None => return Ok(Grant::UNTIL_CHANGED),
             Auth::Token(_) | Auth::Scoped(_) => bearer(headers).ok_or_else(|| {
                 unauthenticated(format!(
                     "A bearer token is required to reach sandbox {sandbox} (Authorization: Bearer ...)."
@@ -95,10 +182,10 @@ impl Authorizer {
             })?,
         };
         match &self.auth {
-            Auth::None => Ok(()),
+            Auth::None => Ok(Grant::UNTIL_CHANGED),
             Auth::Token(expected) => {
                 if bool::from(token.as_bytes().ct_eq(expected.expose())) {
-                    Ok(())
+                    Ok(Grant::UNTIL_CHANGED)
                 } else {
                     Err(unauthenticated(format!(
                         "Invalid bearer token for sandbox {sandbox}."
@@ -121,7 +208,7 @@ impl Authorizer {
         token: &str,
         routing: &Routing,
         now: i64,
-    ) -> Result<(), Rejection> {
+    ) -> Result<Grant, Rejection> {
         let sandbox = routing.sandbox();
         if keys.is_empty() {
             return Err(unauthenticated(format!(
@@ -143,7 +230,12 @@ impl Authorizer {
                 Ok(claims)
                     if claims.namespace == routing.namespace && claims.name == routing.id =>
                 {
-                    return Ok(());
+                    let until = self
+                        .v1_accept_until
+                        .map_or(claims.expires_at, |until| until.min(claims.expires_at));
+                    return Ok(Grant {
+                        expires_at: Some(until),
+                    });
                 }
                 Ok(claims) => {
                     return Err(forbidden(format!(
@@ -158,7 +250,12 @@ impl Authorizer {
         Err(unauthenticated(expired_or_invalid(expired, &sandbox)))
     }
 
-    fn authorize_v2(&self, token: &str, request: Request<'_>, now: i64) -> Result<(), Rejection> {
+    fn authorize_v2(
+        &self,
+        token: &str,
+        request: Request<'_>,
+        now: i64,
+    ) -> Result<Grant, Rejection> {
         let routing = request.routing;
         let sandbox = routing.sandbox();
         if self.v2_keys.is_empty() {
@@ -201,7 +298,9 @@ impl Authorizer {
             path: request.path.to_owned(),
         };
         match claims.check(&target) {
-            Ok(()) => Ok(()),
+            Ok(()) => Ok(Grant {
+                expires_at: Some(claims.expires_at),
+            }),
             Err(TokenError::TargetMismatch {
                 field,
                 claimed,
@@ -255,8 +354,8 @@ mod tests {
         headers
     }
 
-    fn status(result: Result<(), Rejection>) -> StatusCode {
-        result.map_or_else(|r| r.status, |()| StatusCode::OK)
+    fn status(result: Result<Grant, Rejection>) -> StatusCode {
+        result.map_or_else(|r| r.status, |_| StatusCode::OK)
     }
 
     fn authorizer(auth: Auth) -> Authorizer {
@@ -281,7 +380,7 @@ mod tests {
         headers: &HeaderMap,
         ns: &str,
         name: &str,
-    ) -> Result<(), Rejection> {
+    ) -> Result<Grant, Rejection> {
         let routing = routing(ns, name);
         authorizer.authorize(
             headers,
@@ -576,5 +675,117 @@ mod tests {
         // A v2 token with a v1-only router: 401.
         let v1_only = authorizer(Auth::Scoped(vec![Secret::new(KEY)]));
         assert_eq!(run(&v1_only, &v2), StatusCode::UNAUTHORIZED);
+    }
+
+    /// A grant lasts as long as its credential: a scoped token's expiry (or the end of v1
+    /// tokens, if sooner), until the credentials change for the others.
+    #[test]
+    fn grants_end_with_the_credential() {
+        let grant = |auth: &Authorizer, token: &str, uid: Option<&str>| {
+            let mut target = routing("team", "box");
+            target.uid = uid.map(str::to_owned);
+            auth.authorize(
+                &with_auth(token),
+                Request {
+                    routing: &target,
+                    method: &Method::POST,
+                    path: "/execute",
+                },
+                NOW,
+            )
+            .unwrap()
+            .expires_at
+        };
+        let v1 = mint_v1(KEY, "team", "box", NOW + 600);
+        let v2 = mint_v2(&v2_target(), NOW + 300);
+        assert_eq!(
+            grant(&authorizer(Auth::Scoped(vec![Secret::new(KEY)])), &v1, None),
+            Some(NOW + 600)
+        );
+        let both = v2_authorizer(vec![Secret::new(KEY)], Some(NOW + 60));
+        assert_eq!(grant(&both, &v1, None), Some(NOW + 60));
+        assert_eq!(grant(&both, &v2, Some("uid-1")), Some(NOW + 300));
+        assert_eq!(
+            grant(
+                &authorizer(Auth::Token(Secret::new(KEY))),
+                &format!("Bearer {}", String::from_utf8_lossy(KEY)),
+                None
+            ),
+            None
+        );
+        assert_eq!(grant(&authorizer(Auth::None), "", None), None);
+    }
+
+    /// Credentials read again: what the files hold now is what passes, for requests and for the
+    /// tunnels their [`OpenedWith`] stands for; files that cannot be used are an error (the
+    /// caller keeps the previous authorizer).
+    #[test]
+    fn credentials_read_again_replace_those_from_files_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let (first, second) = (dir.path().join("first"), dir.path().join("second"));
+        std::fs::write(&first, KEY).unwrap();
+        std::fs::write(&second, OLD_KEY).unwrap();
+        let files = CredentialFiles {
+            signing_keys: vec![first.clone(), second.clone()],
+            ..CredentialFiles::default()
+        };
+        let scoped = authorizer(Auth::Scoped(vec![Secret::new(KEY), Secret::new(OLD_KEY)]));
+        let box_ = routing("team", "box");
+        let opened = |token: &str| {
+            OpenedWith::new(
+                &with_auth(token),
+                Request {
+                    routing: &box_,
+                    method: &Method::GET,
+                    path: "/socket",
+                },
+            )
+        };
+        let by_first = opened(&mint_v1(KEY, "team", "box", NOW + 600));
+        let by_second = opened(&mint_v1(OLD_KEY, "team", "box", NOW + 600));
+        assert!(by_first.authorize(&scoped, NOW).is_ok());
+
+        const NEW_KEY: &[u8] = b"a-new-router-signing-key-of-32-bytes-or-more";
+        std::fs::write(&first, NEW_KEY).unwrap();
+        let rotated = scoped.reread(&files).unwrap();
+        assert_eq!(
+            by_first.authorize(&rotated, NOW).unwrap_err().status,
+            StatusCode::UNAUTHORIZED
+        );
+        assert_eq!(
+            by_second.authorize(&rotated, NOW).unwrap().expires_at,
+            Some(NOW + 600)
+        );
+        assert!(
+            opened(&mint_v1(NEW_KEY, "team", "box", NOW + 600))
+                .authorize(&rotated, NOW)
+                .is_ok()
+        );
+        // A key file that cannot be used is an error, not an empty key set.
+        std::fs::write(&second, "short").unwrap();
+        assert!(rotated.reread(&files).is_err());
+
+        // The static token's file.
+        let token_file = dir.path().join("token");
+        std::fs::write(&token_file, "a-second-static-token-of-32-bytes-or-more").unwrap();
+        let static_auth = authorizer(Auth::Token(Secret::new(KEY)));
+        let old_token = opened(&format!("Bearer {}", String::from_utf8_lossy(KEY)));
+        let reread = static_auth
+            .reread(&CredentialFiles {
+                token: Some(token_file),
+                ..CredentialFiles::default()
+            })
+            .unwrap();
+        assert!(old_token.authorize(&static_auth, NOW).is_ok());
+        assert!(old_token.authorize(&reread, NOW).is_err());
+        // Without files, nothing changes.
+        assert!(
+            old_token
+                .authorize(
+                    &static_auth.reread(&CredentialFiles::default()).unwrap(),
+                    NOW
+                )
+                .is_ok()
+        );
     }
 }

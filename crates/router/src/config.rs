@@ -73,6 +73,41 @@ pub struct Config {
     /// Writes of a sandbox's `status.lastActivityTime` are at least this far apart (a quarter
     /// of its `activeTTLSeconds` when that is shorter).
     pub activity_interval: Duration,
+    /// Files `auth`'s token or keys (and `scoped_v2_keys`) were read from: re-read every
+    /// `credential_reload_interval` while the router runs, so that a rotation takes effect
+    /// without a restart (empty: nothing is re-read).
+    pub credential_files: CredentialFiles,
+    /// How often `credential_files` are looked at.
+    pub credential_reload_interval: Duration,
+}
+
+/// The files the router's credentials come from ([`Config::credential_files`]). A key or token
+/// no longer in them is refused from the next reload on, and the upgraded connections opened
+/// with a token it verified are closed then.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CredentialFiles {
+    /// The static token's file (`--token-file`).
+    pub token: Option<PathBuf>,
+    /// The scoped-token v1 signing key files.
+    pub signing_keys: Vec<PathBuf>,
+    /// The scoped-token v2 verification key file.
+    pub verification_keys: Option<PathBuf>,
+}
+
+impl CredentialFiles {
+    /// Whether there is no file to re-read.
+    pub fn is_empty(&self) -> bool {
+        self.token.is_none() && self.signing_keys.is_empty() && self.verification_keys.is_none()
+    }
+
+    /// Every file, in a fixed order.
+    pub(crate) fn paths(&self) -> impl Iterator<Item = &Path> {
+        self.token
+            .iter()
+            .chain(&self.signing_keys)
+            .chain(&self.verification_keys)
+            .map(PathBuf::as_path)
+    }
 }
 
 /// A maker of sockets for connections to pods ([`Config::pod_sockets`]): given the pod IP to
@@ -108,6 +143,9 @@ pub mod defaults {
     pub const POOL_IDLE_SECONDS: &str = "60";
     /// `--activity-interval`.
     pub const ACTIVITY_INTERVAL_SECONDS: &str = "30";
+    /// How often token and key files are re-read: a mounted Secret's update reaches the pod
+    /// within the kubelet's sync period (about a minute), so a few seconds more do not matter.
+    pub const CREDENTIAL_RELOAD_SECONDS: &str = "10";
 }
 
 impl Config {
@@ -133,6 +171,8 @@ impl Config {
             pool_idle_timeout: secs(defaults::POOL_IDLE_SECONDS),
             pod_sockets: None,
             activity_interval: secs(defaults::ACTIVITY_INTERVAL_SECONDS),
+            credential_files: CredentialFiles::default(),
+            credential_reload_interval: secs(defaults::CREDENTIAL_RELOAD_SECONDS),
         }
     }
 }
@@ -407,13 +447,15 @@ impl IgnoredGoFlags {
 }
 
 impl GoFlags {
-    /// Whether any of these flags was given: the command line is written for upstream's Go
-    /// router.
-    fn any(&self) -> bool {
+    /// The flags given that only upstream's Go router has (as `--name`): they mark a command
+    /// line written for it. `--kubeconfig` (ours too), `--metrics-bind-address` and
+    /// `--health-probe-bind-address` (our docs recommend them beside our own flags) mark
+    /// nothing.
+    fn go_only(&self) -> Vec<&'static str> {
         let Self {
             http_bind_address,
-            metrics_bind_address,
-            health_probe_bind_address,
+            metrics_bind_address: _,
+            health_probe_bind_address: _,
             proxy_timeout,
             upstream_max_retries,
             cache_namespace,
@@ -425,29 +467,40 @@ impl GoFlags {
             authz_scoped_token_verification_keys_file,
             authz_scoped_token_v1_accept_until,
             cache_enabled,
-            kubeconfig,
+            kubeconfig: _,
             zap_log_level,
             zap_encoder,
             zap_devel,
         } = self;
-        http_bind_address.is_some()
-            || metrics_bind_address.is_some()
-            || health_probe_bind_address.is_some()
-            || proxy_timeout.is_some()
-            || upstream_max_retries.is_some()
-            || cache_namespace.is_some()
-            || shutdown_timeout.is_some()
-            || max_request_body_bytes.is_some()
-            || cluster_domain.is_some()
-            || authz_mode.is_some()
-            || authz_scoped_token_secret_file.is_some()
-            || authz_scoped_token_verification_keys_file.is_some()
-            || authz_scoped_token_v1_accept_until.is_some()
-            || cache_enabled.is_some()
-            || kubeconfig.is_some()
-            || zap_log_level.is_some()
-            || zap_encoder.is_some()
-            || zap_devel.is_some()
+        [
+            (http_bind_address.is_some(), "--http-bind-address"),
+            (proxy_timeout.is_some(), "--proxy-timeout"),
+            (upstream_max_retries.is_some(), "--upstream-max-retries"),
+            (cache_namespace.is_some(), "--cache-namespace"),
+            (shutdown_timeout.is_some(), "--shutdown-timeout"),
+            (max_request_body_bytes.is_some(), "--max-request-body-bytes"),
+            (cluster_domain.is_some(), "--cluster-domain"),
+            (authz_mode.is_some(), "--authz-mode"),
+            (
+                authz_scoped_token_secret_file.is_some(),
+                "--authz-scoped-token-secret-file",
+            ),
+            (
+                authz_scoped_token_verification_keys_file.is_some(),
+                "--authz-scoped-token-verification-keys-file",
+            ),
+            (
+                authz_scoped_token_v1_accept_until.is_some(),
+                "--authz-scoped-token-v1-accept-until",
+            ),
+            (cache_enabled.is_some(), "--cache-enabled"),
+            (zap_log_level.is_some(), "--zap-log-level"),
+            (zap_encoder.is_some(), "--zap-encoder"),
+            (zap_devel.is_some(), "--zap-devel"),
+        ]
+        .into_iter()
+        .filter_map(|(given, flag)| given.then_some(flag))
+        .collect()
     }
 
     /// The `tracing` filter the zap flags ask for, if any: `--zap-log-level` (debug, info,
@@ -555,6 +608,47 @@ pub struct Args {
     /// Upstream's Go router flags without effect here.
     #[command(flatten)]
     pub ignored: IgnoredGoFlags,
+    /// Our own settings (as `--flag`) that the command line or a `SANDBOX_ROUTER_*` variable
+    /// gave, recorded by [`Args::record_sources`]; `None` until then.
+    #[arg(skip)]
+    own_settings: Option<Vec<String>>,
+}
+
+/// Our flags upstream's Go router has too: they tell neither dialect from the other.
+const SHARED_WITH_UPSTREAM: [&str; 1] = ["access-log"];
+
+/// Whose command line the router was given, for the auth mode's default.
+#[derive(Debug)]
+struct Dialect {
+    /// Flags only upstream's Go router has, as `--name`.
+    go_only: Vec<String>,
+    /// Our own settings given (see [`Args::record_sources`]); `None`: not recorded.
+    own: Option<Vec<String>>,
+}
+
+impl Dialect {
+    /// Unmistakably upstream's Go router's: one of its own flags, and none of ours.
+    fn is_upstream_go(&self) -> bool {
+        !self.go_only.is_empty() && self.own.as_ref().is_some_and(Vec::is_empty)
+    }
+
+    /// Why a command line with Go router flags did not get that router's default.
+    fn why_not_upstream_go(&self) -> Option<String> {
+        if self.go_only.is_empty() {
+            return None;
+        }
+        let go = self.go_only.join(", ");
+        match &self.own {
+            None => Some(format!(
+                "; upstream's Go router flags ({go}) are given, but where the other settings came                  from was not recorded, so its default (--authz-mode=allow-all) does not apply"
+            )),
+            Some(own) if !own.is_empty() => Some(format!(
+                "; upstream's Go router default (--authz-mode=allow-all) applies only to a                  command line of its flags alone, and this one has sandbox-router's own {}                  beside {go}",
+                own.join(", ")
+            )),
+            Some(_) => None,
+        }
+    }
 }
 
 /// What [`Args::resolve`] produced: the configuration, the kubeconfig to use (`--kubeconfig`),
@@ -570,6 +664,38 @@ pub struct Resolved {
 }
 
 impl Args {
+    /// Records which of our own settings got their value from `matches` (the command line, or a
+    /// `SANDBOX_ROUTER_*` variable) rather than from a default. `command` is the command
+    /// `matches` came from, so settings of a binary that embeds `Args` (`--log-format`) count
+    /// too. Upstream's Go router default (`--authz-mode=allow-all`) applies only to a command
+    /// line with none of them; without this call it never applies.
+    pub fn record_sources(&mut self, command: &clap::Command, matches: &clap::ArgMatches) {
+        use clap::Args as _;
+        use clap::parser::ValueSource;
+        let go = GoFlags::augment_args(clap::Command::new("go"));
+        let ignored = IgnoredGoFlags::augment_args(clap::Command::new("ignored"));
+        let upstream: Vec<&clap::Id> = go
+            .get_arguments()
+            .chain(ignored.get_arguments())
+            .map(clap::Arg::get_id)
+            .collect();
+        let mut own: Vec<String> = command
+            .get_arguments()
+            .filter(|arg| !upstream.contains(&arg.get_id()))
+            .filter(|arg| {
+                matches!(
+                    matches.value_source(arg.get_id().as_str()),
+                    Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+                )
+            })
+            .filter_map(clap::Arg::get_long)
+            .filter(|long| !SHARED_WITH_UPSTREAM.contains(long))
+            .map(|long| format!("--{long}"))
+            .collect();
+        own.sort();
+        self.own_settings = Some(own);
+    }
+
     /// The configuration these flags and the process environment describe, with token and key
     /// files read; warnings are logged.
     pub fn into_config(self) -> Result<Config> {
@@ -584,7 +710,22 @@ impl Args {
     /// through `env` (below every flag in precedence) and token and key files read.
     pub fn resolve(self, env: &dyn Fn(&str) -> Option<String>) -> Result<Resolved> {
         let mut warnings = Vec::new();
-        let go_dialect = self.go.any() || !self.ignored.given().is_empty();
+        let dialect =
+            Dialect {
+                go_only: self
+                    .go
+                    .go_only()
+                    .into_iter()
+                    .map(str::to_owned)
+                    .chain(self.ignored.given().into_iter().map(
+                        |flag| match flag.split_once('=') {
+                            Some((name, _)) => name.to_owned(),
+                            None => flag,
+                        },
+                    ))
+                    .collect(),
+                own: self.own_settings.clone(),
+            };
         if self.ignored.config.is_some() || env(router_env::SANDBOX_ROUTER_CONFIG).is_some() {
             return Err(Error::ConfigFile);
         }
@@ -686,7 +827,24 @@ impl Args {
         }
 
         let (auth, scoped_v2_keys, scoped_v1_accept_until) =
-            self.resolve_auth(env, go_dialect, &mut warnings)?;
+            self.resolve_auth(env, &dialect, &mut warnings)?;
+        let credential_files = match &auth {
+            Auth::None => CredentialFiles::default(),
+            Auth::Token(_) => CredentialFiles {
+                token: self.token_file.clone(),
+                ..CredentialFiles::default()
+            },
+            Auth::Scoped(_) => CredentialFiles {
+                token: None,
+                signing_keys: self
+                    .signing_key_file
+                    .iter()
+                    .chain(&self.go.authz_scoped_token_secret_file)
+                    .cloned()
+                    .collect(),
+                verification_keys: self.go.authz_scoped_token_verification_keys_file.clone(),
+            },
+        };
         Ok(Resolved {
             config: Config {
                 listen,
@@ -709,6 +867,11 @@ impl Args {
                 pool_idle_timeout: self.pool_idle_timeout,
                 pod_sockets: None,
                 activity_interval: self.activity_interval,
+                credential_files,
+                credential_reload_interval: parse_positive_duration(
+                    defaults::CREDENTIAL_RELOAD_SECONDS,
+                )
+                .unwrap_or(Duration::from_secs(10)),
             },
             kubeconfig: self.go.kubeconfig,
             warnings,
@@ -717,12 +880,13 @@ impl Args {
 
     /// The auth mode, in this order: `--auth` / `--authz-mode`; else what the secrets given
     /// imply (key files: scoped, `--token-file` or `ROUTER_AUTH_TOKEN`: token); else a truthy
-    /// `ALLOW_UNAUTHENTICATED_ROUTER`; else, for a command line written for upstream's Go
-    /// router, that router's default (allow-all); else an error saying how to choose.
+    /// `ALLOW_UNAUTHENTICATED_ROUTER`; else, for a command line that is unmistakably upstream's
+    /// Go router's (one of its own flags and none of ours), that router's default (allow-all);
+    /// else an error saying how to choose.
     fn resolve_auth(
         &self,
         env: &dyn Fn(&str) -> Option<String>,
-        go_dialect: bool,
+        dialect: &Dialect,
         warnings: &mut Vec<String>,
     ) -> Result<(Auth, VerificationKeys, Option<i64>)> {
         let env_token = env(router_env::ROUTER_AUTH_TOKEN)
@@ -765,16 +929,23 @@ impl Args {
                 AuthMode::Token
             }
             None if allow_truthy == Some(true) => AuthMode::None,
-            None if go_dialect && allow.is_none() => {
-                warnings.push(
-                    "no authentication mode given: upstream's Go router flags are in use, so its \
-                     default applies (--authz-mode=allow-all); pass --authz-mode=scoped-token or \
-                     --auth to require tokens"
-                        .to_owned(),
-                );
+            None if dialect.is_upstream_go() && allow.is_none() => {
+                warnings.push(format!(
+                    "no authentication mode given, and this is upstream's Go router's command \
+                     line ({}, none of sandbox-router's own flags), so that router's default \
+                     applies (--authz-mode=allow-all): anyone who can reach the router can run \
+                     commands in every sandbox; pass --authz-mode=scoped-token or --auth to \
+                     require tokens",
+                    dialect.go_only.join(", ")
+                ));
                 AuthMode::None
             }
-            None => return Err(Error::NoAuthMode { allow }),
+            None => {
+                return Err(Error::NoAuthMode {
+                    allow,
+                    why_not_upstream_go: dialect.why_not_upstream_go(),
+                });
+            }
         };
         if mode != AuthMode::Scoped {
             for (present, flag) in [
@@ -992,9 +1163,14 @@ mod tests {
         args: Args,
     }
 
+    /// Parses `args` as the binary does, recording where each value came from.
     fn parse(args: &[&str]) -> std::result::Result<Args, clap::Error> {
-        Cli::try_parse_from(std::iter::once("sandbox-router").chain(args.iter().copied()))
-            .map(|cli| cli.args)
+        use clap::{CommandFactory as _, FromArgMatches as _};
+        let matches = Cli::command()
+            .try_get_matches_from(std::iter::once("sandbox-router").chain(args.iter().copied()))?;
+        let mut args = Cli::from_arg_matches(&matches)?.args;
+        args.record_sources(&Cli::command(), &matches);
+        Ok(args)
     }
 
     /// Resolves `args` with exactly the environment `env` (no process environment).
@@ -1034,7 +1210,13 @@ mod tests {
     fn without_any_choice_the_router_refuses_to_start_and_says_how_to_choose() {
         let error = resolve(&[], &[]).unwrap_err();
         assert!(
-            matches!(error, Error::NoAuthMode { allow: None }),
+            matches!(
+                error,
+                Error::NoAuthMode {
+                    allow: None,
+                    why_not_upstream_go: None
+                }
+            ),
             "{error}"
         );
         let text = error.to_string();
@@ -1246,6 +1428,72 @@ mod tests {
     }
 
     #[test]
+    fn only_an_unmistakably_upstream_command_line_gets_upstreams_allow_all() {
+        // Flags both dialects share, or that our docs recommend beside ours, say nothing about
+        // whose command line this is: no mode chosen, so the router refuses to start.
+        for args in [
+            &["--kubeconfig=/etc/router/kubeconfig"][..],
+            &["--metrics-bind-address=:9090"],
+            &["--health-probe-bind-address=:8081"],
+            &["--access-log=false"],
+            &[
+                "--kubeconfig",
+                "/etc/router/kubeconfig",
+                "--metrics-bind-address=:9090",
+                "--health-probe-bind-address=:8081",
+                "--access-log",
+            ],
+            // One of our own flags beside upstream's: not upstream's command line either.
+            &["--listen=127.0.0.1:8080", "--cluster-domain=cluster.local"],
+            &["--namespace=team-a", "--proxy-timeout=180s"],
+            &["--max-header-bytes=64KiB", "--zap-devel"],
+            &["--pool-idle-seconds=5", "--tls-min-version=1.3"],
+        ] {
+            let error = resolve(args, &[]).unwrap_err();
+            assert!(
+                matches!(error, Error::NoAuthMode { .. }),
+                "{args:?}: {error}"
+            );
+        }
+        // The refusal says why the Go router's default did not apply.
+        let error = resolve(
+            &["--listen=127.0.0.1:8080", "--cluster-domain=cluster.local"],
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            error.contains("--listen") && error.contains("--cluster-domain"),
+            "{error}"
+        );
+        // A Go-only flag and none of ours: upstream's command line, and its default.
+        for args in [
+            &["--cluster-domain=cluster.local"][..],
+            &[
+                "--proxy-timeout=180s",
+                "--kubeconfig=/etc/router/kubeconfig",
+                "--metrics-bind-address=:9090",
+                "--access-log=true",
+            ],
+            &["--tls-min-version=1.3"],
+        ] {
+            let resolved = resolve(args, &[]).unwrap();
+            assert!(matches!(resolved.config.auth, Auth::None), "{args:?}");
+        }
+        // Args parsed without recording where their values came from (an embedder that skips
+        // `record_sources`) never get the Go router's default.
+        let unrecorded = Cli::try_parse_from(["sandbox-router", "--cluster-domain=cluster.local"])
+            .unwrap()
+            .args
+            .resolve(&|_| None)
+            .unwrap_err();
+        assert!(
+            matches!(unrecorded, Error::NoAuthMode { .. }),
+            "{unrecorded}"
+        );
+    }
+
+    #[test]
     fn go_flags_map_to_ours() {
         let config = config(&[
             "--authz-mode=allow-all",
@@ -1346,8 +1594,17 @@ mod tests {
         let config = config(&["--authz-mode=scoped-token", &v2_flag]);
         assert!(matches!(&config.auth, Auth::Scoped(keys) if keys.is_empty()));
         assert_eq!(config.scoped_v2_keys.key_ids().collect::<Vec<_>>(), ["k1"]);
+        assert_eq!(
+            config.credential_files,
+            CredentialFiles {
+                verification_keys: Some(v2.into()),
+                ..CredentialFiles::default()
+            },
+            "read again while the router runs"
+        );
         let config = self::config(&["--authz-mode=scoped-token", &v1_flag]);
         assert!(matches!(&config.auth, Auth::Scoped(keys) if keys.len() == 1));
+        assert_eq!(config.credential_files.signing_keys, [PathBuf::from(v1)]);
         // Key files without a mode choose scoped (never the Go router's allow-all).
         let config = self::config(&[&v2_flag]);
         assert!(matches!(&config.auth, Auth::Scoped(_)));
@@ -1414,6 +1671,10 @@ mod tests {
             panic!("{:?}", config.auth)
         };
         assert_eq!(secret.expose(), b"0123456789abcdef0123456789abcdef");
+        assert_eq!(
+            config.credential_files.token.as_deref(),
+            Some(token.as_path())
+        );
         // Never printed.
         assert!(!format!("{config:?}").contains("0123456789"));
 

@@ -80,15 +80,19 @@ pub enum Error {
     },
     /// No auth mode was chosen by any flag or environment variable.
     #[error(
-        "no authentication mode chosen{}: pass --auth scoped --signing-key-file FILE (per-sandbox \
-         tokens), --auth token --token-file FILE, or --auth none (development); or, as upstream's \
-         routers take it, set ROUTER_AUTH_TOKEN to a bearer token, or \
+        "no authentication mode chosen{}{}: pass --auth scoped --signing-key-file FILE \
+         (per-sandbox tokens), --auth token --token-file FILE, or --auth none (development); or, \
+         as upstream's routers take it, set ROUTER_AUTH_TOKEN to a bearer token, or \
          ALLOW_UNAUTHENTICATED_ROUTER=true to run without authentication",
-        allow.as_ref().map(|v| format!(" (ALLOW_UNAUTHENTICATED_ROUTER is {v:?}, which is not true)")).unwrap_or_default()
+        allow.as_ref().map(|v| format!(" (ALLOW_UNAUTHENTICATED_ROUTER is {v:?}, which is not true)")).unwrap_or_default(),
+        why_not_upstream_go.as_deref().unwrap_or_default()
     )]
     NoAuthMode {
         /// `ALLOW_UNAUTHENTICATED_ROUTER`, when set.
         allow: Option<String>,
+        /// Why upstream's Go router flags given did not bring that router's default
+        /// (allow-all): ours were given too, or their sources were not recorded.
+        why_not_upstream_go: Option<String>,
     },
     /// Upstream's `--authz-mode=tokenreview`.
     #[error(

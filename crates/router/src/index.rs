@@ -6,7 +6,8 @@
 //! small summary per object, never the objects, and answers [`Index::resolve`] without IO.
 //!
 //! A sandbox is routable when:
-//! - it is not an unclaimed warm-pool member (its controller is not a `SandboxWarmPool`),
+//! - it is not an unclaimed warm-pool member (its controller is not a `SandboxWarmPool`, and
+//!   it does not carry `agents.x-k8s.io/warm-pool-sandbox`),
 //! - its `Ready` condition is `True`,
 //! - its pod (named by the `agents.x-k8s.io/pod-name` annotation, else the sandbox's own name)
 //!   exists, carries `agents.x-k8s.io/sandbox-name-hash` with the sandbox's name hash, is
@@ -42,7 +43,8 @@ pub(crate) struct SandboxEntry {
     /// The `pod-name` annotation, when set.
     pod_name: Option<String>,
     readiness: Readiness,
-    /// Name of the controlling `SandboxWarmPool`, for unclaimed members.
+    /// The pool of an unclaimed member: the controlling `SandboxWarmPool`'s name, else the
+    /// pool label's value.
     warm_pool: Option<String>,
     /// `spec.operatingMode` is `Suspended`.
     suspended: bool,
@@ -140,6 +142,35 @@ impl Unroutable {
     /// the watch has not delivered yet); a terminating pod does not come back.
     pub fn may_settle(&self) -> bool {
         !matches!(self, Self::PodTerminating { .. })
+    }
+
+    /// What the router last saw of a suspended sandbox it asked to be resumed, as the end of
+    /// the sentence "last seen, it ...".
+    pub fn while_waking(&self) -> String {
+        match self {
+            Self::Suspended => "was still suspended (spec.operatingMode: Suspended), so the \
+                                controller has not resumed it (is the controller running?)"
+                .to_owned(),
+            Self::NotReady { reason, message } if reason.is_empty() && message.is_empty() => {
+                "was resumed but not Ready yet (no Ready condition)".to_owned()
+            }
+            Self::NotReady { reason, message } => {
+                format!("was resumed but not Ready: {reason}: {message}")
+            }
+            Self::NoPod { pod } => format!("was resumed, but its pod {pod} did not exist yet"),
+            Self::NoPodIp { pod } => format!("was resumed, but its pod {pod} had no IP yet"),
+            Self::PodTerminating { pod } => {
+                format!("was resumed, but its pod {pod} was terminating")
+            }
+            Self::PodNotControlled { pod } => {
+                format!("was resumed, but pod {pod} is not controlled by it")
+            }
+            Self::NotFound => "was gone (deleted)".to_owned(),
+            Self::NotSynced => "was not known to the router (its index had not synced)".to_owned(),
+            Self::WarmPoolMember { pool } => {
+                format!("was an unclaimed warm-pool member (pool {pool})")
+            }
+        }
     }
 
     /// A sentence naming the sandbox `namespace/name`.
@@ -461,9 +492,20 @@ pub(crate) fn sandbox_entry(sandbox: &Sandbox) -> Option<(String, String, Sandbo
         .and_then(|a| a.get(annotations::POD_NAME))
         .filter(|value| !value.is_empty())
         .cloned();
+    // A pool's member until a claim adopts it (the adoption takes the label off in the same
+    // write as it moves the controller): also an orphan still labelled, which the next pool of
+    // that name takes back and hands to a claim.
     let warm_pool = controller(&sandbox.metadata)
         .filter(|owner| owner.kind == WARM_POOL_KIND)
-        .map(|owner| owner.name.clone());
+        .map(|owner| owner.name.clone())
+        .or_else(|| {
+            sandbox
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(labels::WARM_POOL_SANDBOX))
+                .map(|hash| format!("with name hash {hash}"))
+        });
     let readiness = sandbox
         .status
         .as_ref()
@@ -846,6 +888,110 @@ mod tests {
             Some(vec![owner(kinds::SANDBOX_CLAIM, "claim", "uid-claim")]);
         index.apply_sandbox(&sandbox);
         assert!(index.resolve("default", "pool-abcde").is_ok());
+    }
+
+    /// A warm-pool member and its pod as the controller makes them (upstream's labels: the pool
+    /// label on both, the pool as the Sandbox's controller).
+    fn pool_member(name: &str, pool: &str, ip: &str) -> (Sandbox, Pod) {
+        let mut member = sandbox(name);
+        member.metadata.owner_references = Some(vec![owner(
+            kinds::SANDBOX_WARM_POOL,
+            pool,
+            &format!("uid-{pool}"),
+        )]);
+        member.metadata.labels = Some(
+            [(labels::WARM_POOL_SANDBOX.to_owned(), name_hash(pool))]
+                .into_iter()
+                .collect(),
+        );
+        let mut pod = pod_of(&member, ip);
+        pod.metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert(labels::WARM_POOL_SANDBOX.to_owned(), name_hash(pool));
+        pod.status.as_mut().unwrap().conditions =
+            Some(vec![k8s_openapi::api::core::v1::PodCondition {
+                type_: "Ready".to_owned(),
+                status: "True".to_owned(),
+                ..Default::default()
+            }]);
+        (member, pod)
+    }
+
+    /// Adoption as the claim controller does it: the claim becomes the controller and the pool
+    /// label goes, from the Sandbox in the same write, from the pod in the next.
+    fn adopt(member: &mut Sandbox, pod: &mut Pod) {
+        member.metadata.owner_references =
+            Some(vec![owner(kinds::SANDBOX_CLAIM, "claim", "uid-claim")]);
+        member.metadata.labels = None;
+        pod.metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .remove(labels::WARM_POOL_SANDBOX);
+    }
+
+    #[test]
+    fn unclaimed_pool_members_are_never_routable_with_sandboxes_or_from_pods_alone() {
+        let (mut member, mut pod) = pool_member("pool-x7k2p", "pool", "10.0.0.7");
+        let mut orphan = member.clone();
+        orphan.metadata.name = Some("pool-orphan".to_owned());
+        orphan.metadata.uid = Some("uid-pool-orphan".to_owned());
+        // Its pool was deleted with orphaning: the next pool of that name takes it back and
+        // hands it to a claim, so it is a member still.
+        orphan.metadata.owner_references = None;
+        let orphan_pod = pod_of(&orphan, "10.0.0.8");
+
+        let mut full = synced();
+        full.apply_sandbox(&member);
+        full.apply_pod(&pod);
+        full.apply_sandbox(&orphan);
+        full.apply_pod(&orphan_pod);
+        let mut pods_only = Index::new();
+        pods_only.set_pods_only(true);
+        pods_only.reset_pods([&pod]);
+
+        assert_eq!(
+            full.resolve("default", "pool-x7k2p"),
+            Err(Unroutable::WarmPoolMember {
+                pool: "pool".to_owned()
+            })
+        );
+        assert_eq!(
+            full.resolve("default", "pool-orphan"),
+            Err(Unroutable::WarmPoolMember {
+                pool: format!("with name hash {}", name_hash("pool"))
+            })
+        );
+        assert_eq!(
+            pods_only.resolve("default", "pool-x7k2p"),
+            Err(Unroutable::WarmPoolMember {
+                pool: format!("with name hash {}", name_hash("pool"))
+            })
+        );
+
+        // Claimed: the Sandbox decides with Sandboxes, at once; from pods alone, once the
+        // controller has taken the label off the pod.
+        let labelled_pod = pod.clone();
+        adopt(&mut member, &mut pod);
+        full.apply_sandbox(&member);
+        assert!(full.resolve("default", "pool-x7k2p").is_ok());
+        pods_only.apply_pod(&labelled_pod);
+        assert!(matches!(
+            pods_only.resolve("default", "pool-x7k2p"),
+            Err(Unroutable::WarmPoolMember { .. })
+        ));
+        full.apply_pod(&pod);
+        pods_only.apply_pod(&pod);
+        assert_eq!(
+            full.resolve("default", "pool-x7k2p"),
+            pods_only.resolve("default", "pool-x7k2p")
+        );
+        assert_eq!(
+            pods_only.resolve("default", "pool-x7k2p").unwrap().pod,
+            "pool-x7k2p"
+        );
     }
 
     #[test]

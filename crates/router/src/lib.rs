@@ -6,8 +6,9 @@
 //! - the [`Index`] of routable sandboxes (Sandbox → its pod's IPs and allowed ports), a plain
 //!   struct fed by [`watch()`] from the cluster or directly by its user;
 //! - the routing decisions (headers → sandbox → pod address; never anything else: no SSRF),
-//!   authentication ([`Auth`]: none, a static token, or per-sandbox scoped tokens v1 and v2), and the
-//!   proxy itself (streaming both ways, upgrades relayed, deadlines, limits, `{"detail": ...}`
+//!   authentication ([`Auth`]: none, a static token, or per-sandbox scoped tokens v1 and v2,
+//!   re-read from their files while it runs; an upgraded connection lasts as long as the
+//!   credential it was opened with), and the proxy itself (streaming both ways, upgrades relayed, deadlines, limits, `{"detail": ...}`
 //!   errors), in [`Router`];
 //! - `/healthz`, `/readyz`, `/metrics` (on the proxy listener, and on separate probe and metrics
 //!   listeners when configured) and the access log;
@@ -36,9 +37,9 @@ mod watch;
 use std::future::Future;
 
 pub use config::{
-    Args, Auth, AuthMode, Config, GoAuthzMode, GoFlags, IgnoredGoFlags, MIN_STATIC_TOKEN_BYTES,
-    PodSockets, Resolved, Secret, defaults, is_truthy, read_signing_key, read_static_token,
-    read_verification_keys,
+    Args, Auth, AuthMode, Config, CredentialFiles, GoAuthzMode, GoFlags, IgnoredGoFlags,
+    MIN_STATIC_TOKEN_BYTES, PodSockets, Resolved, Secret, defaults, is_truthy, read_signing_key,
+    read_static_token, read_verification_keys,
 };
 pub use error::{Error, Result};
 pub use index::{Backend, Index, SharedIndex, Unroutable};

@@ -233,7 +233,16 @@ fn main() -> ExitCode {
     long_names.push("help".to_owned());
     let names: Vec<&str> = long_names.iter().map(String::as_str).collect();
     let argv = agent_sandbox_api::go_flag::normalize_args(std::env::args_os(), &names);
-    let cli = match Cli::try_parse_from(argv) {
+    let parsed = command
+        .clone()
+        .try_get_matches_from(argv)
+        .and_then(|matches| {
+            let mut cli = <Cli as clap::FromArgMatches>::from_arg_matches(&matches)?;
+            // Which settings are ours decides whether upstream's Go router default may apply.
+            cli.args.record_sources(&command, &matches);
+            Ok(cli)
+        });
+    let cli = match parsed {
         Ok(cli) => cli,
         Err(error) => return usage_error(&error),
     };

@@ -22,6 +22,11 @@ struct ReasonLabels {
     reason: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: &'static str,
+}
+
 /// The router's metrics and their registry.
 #[derive(Debug)]
 pub(crate) struct Metrics {
@@ -34,6 +39,8 @@ pub(crate) struct Metrics {
     tunnels: Gauge,
     activity_writes: Counter,
     resumes: Counter,
+    credential_reloads: Family<OutcomeLabels, Counter>,
+    tunnels_revoked: Family<ReasonLabels, Counter>,
 }
 
 impl Metrics {
@@ -89,6 +96,20 @@ impl Metrics {
             "Suspended sandboxes resumed for a request",
             resumes.clone(),
         );
+        let credential_reloads = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "credential_reloads",
+            "Changed token or key files read again (success), or left unused because they \
+             cannot be (failure: the previous credentials stay)",
+            credential_reloads.clone(),
+        );
+        let tunnels_revoked = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "tunnels_revoked",
+            "Upgraded connections closed because the credential they were opened with ran out \
+             (expired) or was no longer accepted after the credentials were read again (rejected)",
+            tunnels_revoked.clone(),
+        );
         Self {
             registry,
             requests,
@@ -99,6 +120,8 @@ impl Metrics {
             tunnels,
             activity_writes,
             resumes,
+            credential_reloads,
+            tunnels_revoked,
         }
     }
 
@@ -143,6 +166,21 @@ impl Metrics {
 
     pub(crate) fn tunnel_closed(&self) {
         self.tunnels.dec();
+    }
+
+    pub(crate) fn credentials_reloaded(&self, ok: bool) {
+        self.credential_reloads
+            .get_or_create(&OutcomeLabels {
+                outcome: if ok { "success" } else { "failure" },
+            })
+            .inc();
+    }
+
+    /// A tunnel closed because its credential `expired` or was `rejected`.
+    pub(crate) fn tunnel_revoked(&self, reason: &'static str) {
+        self.tunnels_revoked
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
     }
 
     /// The text exposition format.

@@ -18,9 +18,9 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::auth::{self, Authorizer};
+use crate::auth::{self, Authorizer, Grant, OpenedWith};
 use crate::body::{Finish, Outcome, RequestBody, ResponseBody};
-use crate::config::Config;
+use crate::config::{Config, CredentialFiles};
 use crate::connector::Connector;
 use crate::headers::{
     Routing, deadline, head_bytes, inbound_response_headers, is_upgrade, outbound_headers,
@@ -52,7 +52,9 @@ const POOL_MAX_IDLE_PER_HOST: usize = 32;
 #[derive(Debug)]
 pub(crate) struct Proxy {
     index: SharedIndex,
-    authorizer: Authorizer,
+    /// The authorizer in force; replaced when the credential files change, and watched by
+    /// open tunnels, which are checked against each new one.
+    authorizer: tokio::sync::watch::Sender<Arc<Authorizer>>,
     max_timeout: Duration,
     max_body_bytes: u64,
     max_header_bytes: usize,
@@ -86,7 +88,7 @@ impl Proxy {
             .build(connector);
         Self {
             index,
-            authorizer: Authorizer::new(config),
+            authorizer: tokio::sync::watch::Sender::new(Arc::new(Authorizer::new(config))),
             max_timeout: config.max_timeout,
             max_body_bytes: config.max_body_bytes,
             max_header_bytes: config.max_header_bytes,
@@ -108,7 +110,57 @@ impl Proxy {
 
     /// The `--auth` mode, for the startup log.
     pub(crate) fn auth_mode(&self) -> &'static str {
-        self.authorizer.mode()
+        self.authorizer.borrow().mode()
+    }
+
+    /// Looks at `files` every `interval` until `stop`; when their contents change, the
+    /// authorizer is rebuilt from them, requests are checked against it from then on and so is
+    /// every open tunnel (closed when its request no longer passes). Files that cannot be used
+    /// leave the previous credentials in force, with an error logged once per change.
+    pub(crate) async fn reload_credentials(
+        self: Arc<Self>,
+        files: CredentialFiles,
+        interval: Duration,
+        stop: CancellationToken,
+    ) {
+        let contents = || -> Vec<Option<Vec<u8>>> {
+            files.paths().map(|path| std::fs::read(path).ok()).collect()
+        };
+        let mut last = contents();
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let now = contents();
+            if now == last {
+                continue;
+            }
+            last = now;
+            let current = Arc::clone(&self.authorizer.borrow());
+            match current.reread(&files) {
+                Ok(next) => {
+                    self.metrics.credentials_reloaded(true);
+                    tracing::info!(
+                        files = ?files.paths().collect::<Vec<_>>(),
+                        "credential files changed: requests and open tunnels are checked \
+                         against them from now on"
+                    );
+                    self.authorizer.send_replace(Arc::new(next));
+                }
+                Err(error) => {
+                    self.metrics.credentials_reloaded(false);
+                    tracing::error!(
+                        error = %chain(&error),
+                        "credential files changed but cannot be used; the previous credentials \
+                         stay in force until they are fixed"
+                    );
+                }
+            }
+        }
     }
 
     /// Answers a request on a probe or metrics listener: its endpoints, 404 for anything else.
@@ -275,18 +327,27 @@ impl Proxy {
         {
             return Err(self.too_large(&sandbox));
         }
-        self.authorizer.authorize(
-            &parts.headers,
-            auth::Request {
-                routing: &routing,
-                method: &parts.method,
-                path: parts.uri.path(),
-            },
-            unix_now(),
-        )?;
+        // Subscribed before authorizing, so that a tunnel this request opens is checked against
+        // any credentials read after this check.
+        let mut authorizers = self.authorizer.subscribe();
+        let authorizer = Arc::clone(&authorizers.borrow_and_update());
+        let auth_request = auth::Request {
+            routing: &routing,
+            method: &parts.method,
+            path: parts.uri.path(),
+        };
+        let grant = authorizer.authorize(&parts.headers, auth_request, unix_now())?;
+        let upgrade = client_upgrade.map(|on| {
+            let credential = Credential {
+                opened_with: OpenedWith::new(&parts.headers, auth_request),
+                grant,
+                authorizers,
+            };
+            (on, credential)
+        });
         let timeout = deadline(routing.timeout, self.max_timeout);
         let deadline_at = tokio::time::Instant::now() + timeout;
-        let backend = self.resolve(&routing, deadline_at).await?;
+        let backend = self.resolve(&routing, timeout, deadline_at).await?;
         let addr = route::target(&routing, &backend)?;
         let activity = |cluster: &Arc<crate::activity::Cluster>| {
             cluster.recorder.begin(
@@ -306,8 +367,7 @@ impl Proxy {
         *outbound.method_mut() = parts.method.clone();
         *outbound.uri_mut() = uri;
         *outbound.version_mut() = Version::HTTP_11;
-        *outbound.headers_mut() =
-            outbound_headers(&parts.headers, client_upgrade.is_some(), peer.ip());
+        *outbound.headers_mut() = outbound_headers(&parts.headers, upgrade.is_some(), peer.ip());
 
         let sent = tokio::time::timeout_at(deadline_at, self.client.request(outbound)).await;
         let mut response = match sent {
@@ -358,7 +418,7 @@ impl Proxy {
 
         let switching = response.status() == StatusCode::SWITCHING_PROTOCOLS;
         if switching {
-            let Some(client_upgrade) = client_upgrade else {
+            let Some((client_upgrade, credential)) = upgrade else {
                 return Err(Rejection::new(
                     Reason::Upstream,
                     format!(
@@ -368,7 +428,13 @@ impl Proxy {
             };
             let upstream_upgrade = hyper::upgrade::on(&mut response);
             let active = self.cluster.as_ref().map(activity);
-            self.relay(client_upgrade, upstream_upgrade, sandbox, active);
+            self.relay(
+                client_upgrade,
+                upstream_upgrade,
+                sandbox,
+                active,
+                credential,
+            );
             finish.outcome = Outcome::Upgraded;
         }
         let (mut parts, body) = response.into_parts();
@@ -381,10 +447,12 @@ impl Proxy {
     /// The sandbox's backend. A sandbox that is not routable yet for a reason the index may
     /// catch up on (its watch a moment behind the claim that adopted it or the pod that became
     /// ready) is looked up again at each index change for up to [`INDEX_SETTLE`] (within the
-    /// request's deadline) before the request is refused.
+    /// request's deadline, `timeout` after it arrived, at `deadline_at`) before the request is
+    /// refused; a suspended one is woken and waited for until the deadline.
     async fn resolve(
         &self,
         routing: &Routing,
+        timeout: Duration,
         deadline_at: tokio::time::Instant,
     ) -> Result<Backend, Rejection> {
         let mut settle_at = deadline_at.min(tokio::time::Instant::now() + INDEX_SETTLE);
@@ -421,15 +489,7 @@ impl Proxy {
             }
             if !why.may_settle() || tokio::time::timeout_at(settle_at, changed).await.is_err() {
                 if waking {
-                    return Err(Rejection::new(
-                        Reason::Timeout,
-                        format!(
-                            "Sandbox {} was suspended and did not wake before the request's \
-                             deadline (X-Sandbox-Timeout); still: {}",
-                            routing.sandbox(),
-                            why.describe(&routing.namespace, &routing.id)
-                        ),
-                    ));
+                    return Err(route::did_not_wake(routing, timeout, &why));
                 }
                 return Err(route::unroutable(routing, &why));
             }
@@ -446,13 +506,17 @@ impl Proxy {
         )
     }
 
-    /// Relays an upgraded connection both ways until either side closes or the router stops.
+    /// Relays an upgraded connection both ways until either side closes, the router stops, or
+    /// the credential it was opened with is no longer good: its grant runs out (a scoped
+    /// token's expiry), or the credentials are read again and its request no longer passes (the
+    /// key that signed its token, or the static token, was rotated out).
     fn relay(
         &self,
         client: OnUpgrade,
         upstream: OnUpgrade,
         sandbox: String,
         active: Option<crate::activity::Active>,
+        credential: Credential,
     ) {
         let metrics = Arc::clone(&self.metrics);
         let stop = self.stop.clone();
@@ -465,17 +529,84 @@ impl Proxy {
                 let mut upstream = TokioIo::new(upstream);
                 tokio::io::copy_bidirectional(&mut client, &mut upstream).await
             };
-            tokio::select! {
-                result = relayed => match result {
-                    Ok((to_sandbox, to_client)) => tracing::debug!(%sandbox, to_sandbox,
-                        to_client, "tunnel closed"),
-                    Err(error) => tracing::debug!(%sandbox, %error, "tunnel ended with an error"),
-                },
-                () = stop.cancelled() => tracing::info!(%sandbox, "tunnel closed by shutdown"),
+            tokio::pin!(relayed);
+            let Credential {
+                opened_with,
+                mut grant,
+                mut authorizers,
+            } = credential;
+            let mut watching = true;
+            loop {
+                tokio::select! {
+                    result = &mut relayed => {
+                        match result {
+                            Ok((to_sandbox, to_client)) => tracing::debug!(%sandbox, to_sandbox,
+                                to_client, "tunnel closed"),
+                            Err(error) => tracing::debug!(%sandbox, %error,
+                                "tunnel ended with an error"),
+                        }
+                        break;
+                    }
+                    () = stop.cancelled() => {
+                        tracing::info!(%sandbox, "tunnel closed by shutdown");
+                        break;
+                    }
+                    () = until(grant.expires_at) => {
+                        metrics.tunnel_revoked("expired");
+                        tracing::info!(%sandbox, expires_at = grant.expires_at,
+                            "tunnel closed: the token it was opened with expired");
+                        break;
+                    }
+                    changed = authorizers.changed(), if watching => {
+                        if changed.is_err() {
+                            watching = false;
+                            continue;
+                        }
+                        let authorizer = Arc::clone(&authorizers.borrow_and_update());
+                        match opened_with.authorize(&authorizer, unix_now()) {
+                            Ok(next) => grant = next,
+                            Err(refusal) => {
+                                metrics.tunnel_revoked("rejected");
+                                tracing::info!(%sandbox, detail = %refusal.detail,
+                                    "tunnel closed: the credentials were read again and the \
+                                     one it was opened with is no longer accepted");
+                                break;
+                            }
+                        }
+                    }
+                }
             }
             metrics.tunnel_closed();
             drop(active);
         });
+    }
+}
+
+/// What an upgraded connection was let through with: checked again whenever `authorizers`
+/// changes, and good until `grant` runs out.
+struct Credential {
+    opened_with: OpenedWith,
+    grant: Grant,
+    authorizers: tokio::sync::watch::Receiver<Arc<Authorizer>>,
+}
+
+/// Completes at `expires_at` (Unix seconds; a credential is good strictly before it), never
+/// for `None`.
+async fn until(expires_at: Option<i64>) {
+    let Some(expires_at) = expires_at else {
+        return std::future::pending().await;
+    };
+    // Before 1970: long past.
+    let Ok(seconds) = u64::try_from(expires_at) else {
+        return;
+    };
+    match UNIX_EPOCH.checked_add(Duration::from_secs(seconds)) {
+        Some(at) => {
+            let left = at.duration_since(SystemTime::now()).unwrap_or_default();
+            tokio::time::sleep(left).await;
+        }
+        // Beyond what the clock can tell.
+        None => std::future::pending().await,
     }
 }
 
@@ -495,7 +626,8 @@ fn unix_now() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
-fn seconds(duration: Duration) -> String {
+/// `5s`, `1.500s`: a duration in messages.
+pub(crate) fn seconds(duration: Duration) -> String {
     let value = duration.as_secs_f64();
     if value.fract() == 0.0 {
         format!("{value:.0}s")

@@ -6,6 +6,7 @@
 //! is the router's guarantee against being used as an internal proxy (SSRF).
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use crate::headers::Routing;
 use crate::index::{Backend, Unroutable};
@@ -26,6 +27,26 @@ pub(crate) fn unroutable(routing: &Routing, why: &Unroutable) -> Rejection {
         | Unroutable::PodTerminating { .. }
         | Unroutable::NoPodIp { .. } => Rejection::new(Reason::NotReady, detail),
     }
+}
+
+/// The refusal for a suspended sandbox the router asked to be resumed that did not become
+/// routable before the request's deadline, `deadline` after the request arrived; `last` is why
+/// the index could not route it when the deadline passed.
+pub(crate) fn did_not_wake(routing: &Routing, deadline: Duration, last: &Unroutable) -> Rejection {
+    Rejection::new(
+        Reason::Timeout,
+        format!(
+            "Sandbox {} was suspended: the router asked for it to be resumed (it recorded the \
+             request as the sandbox's activity, status.lastActivityTime, for which the \
+             controller resumes a suspended sandbox) and waited for it to become routable until \
+             the request's deadline, {} after it arrived (X-Sandbox-Timeout, at most \
+             --max-timeout-seconds); last seen, it {}. Retry with a longer X-Sandbox-Timeout, or \
+             resume it first (sandboxctl resume CLAIM) and wait until it is Ready.",
+            routing.sandbox(),
+            crate::proxy::seconds(deadline),
+            last.while_waking()
+        ),
+    )
 }
 
 /// The address to connect to for `routing` on `backend`.
@@ -148,6 +169,25 @@ mod tests {
         let refusal = target(&r, &backend()).unwrap_err();
         assert_eq!(refusal.status, StatusCode::NOT_FOUND);
         assert!(refusal.detail.contains("uid-0"), "{}", refusal.detail);
+    }
+
+    #[test]
+    fn a_sandbox_that_did_not_wake_is_504_saying_what_was_seen_last() {
+        let refusal = did_not_wake(
+            &routing(),
+            Duration::from_secs(30),
+            &Unroutable::NoPodIp {
+                pod: "box".to_owned(),
+            },
+        );
+        assert_eq!(refusal.status, StatusCode::GATEWAY_TIMEOUT);
+        for part in [
+            "Sandbox default/box was suspended: the router asked for it to be resumed",
+            "until the request's deadline, 30s after it arrived",
+            "last seen, it was resumed, but its pod box had no IP yet. Retry with a longer",
+        ] {
+            assert!(refusal.detail.contains(part), "{part}: {}", refusal.detail);
+        }
     }
 
     #[test]

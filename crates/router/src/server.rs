@@ -18,7 +18,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::{Auth, Config};
+use crate::config::{Auth, Config, CredentialFiles};
 use crate::error::{Error, Result};
 use crate::index::SharedIndex;
 use crate::proxy::{Proxy, Role};
@@ -36,6 +36,8 @@ pub struct Router {
     proxy: Arc<Proxy>,
     shutdown_grace: Duration,
     read_buffer: usize,
+    credential_files: CredentialFiles,
+    credential_reload_interval: Duration,
 }
 
 impl Router {
@@ -81,6 +83,8 @@ impl Router {
             proxy: Arc::new(Proxy::new(&config, index, cluster)),
             shutdown_grace: config.shutdown_grace,
             read_buffer,
+            credential_files: config.credential_files,
+            credential_reload_interval: config.credential_reload_interval,
         })
     }
 
@@ -111,6 +115,8 @@ impl Router {
             proxy,
             shutdown_grace,
             read_buffer,
+            credential_files,
+            credential_reload_interval,
         } = self;
         tracing::info!(
             auth = proxy.auth_mode(),
@@ -131,6 +137,16 @@ impl Router {
             .cluster
             .clone()
             .map(|cluster| tokio::spawn(cluster.write_activity(activity_stop.clone())));
+        // Stopped once nothing is served any more (open tunnels are still checked while the
+        // grace period lasts).
+        let reload_stop = CancellationToken::new();
+        let reloading = (!credential_files.is_empty()).then(|| {
+            tokio::spawn(Arc::clone(&proxy).reload_credentials(
+                credential_files,
+                credential_reload_interval,
+                reload_stop.clone(),
+            ))
+        });
         tokio::pin!(shutdown);
         loop {
             let (accepted, role) = tokio::select! {
@@ -183,6 +199,10 @@ impl Router {
             proxy.stop.cancel();
             connections.wait().await;
             proxy.tunnels.wait().await;
+        }
+        reload_stop.cancel();
+        if let Some(reloading) = reloading {
+            let _ = reloading.await;
         }
         // The last activity is written before the router goes.
         activity_stop.cancel();

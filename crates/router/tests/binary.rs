@@ -23,6 +23,11 @@ fn kubeconfig(dir: &Path) -> std::path::PathBuf {
 }
 
 fn router(kubeconfig: &Path, args: &[&str]) -> Output {
+    router_env(kubeconfig, &[], args)
+}
+
+/// [`router`] with `env` set.
+fn router_env(kubeconfig: &Path, env: &[(&str, &str)], args: &[&str]) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_sandbox-router"));
     for (name, _) in std::env::vars_os() {
         if name.to_string_lossy().starts_with("SANDBOX_ROUTER_") {
@@ -36,6 +41,7 @@ fn router(kubeconfig: &Path, args: &[&str]) -> Output {
         .env("RUST_BACKTRACE", "1")
         .env("RUST_LIB_BACKTRACE", "1")
         .env("RUST_LOG", "error")
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .output()
         .unwrap()
@@ -152,6 +158,32 @@ fn upstream_configuration_errors_are_one_line_and_exit_code_2() {
             &["--authz-mode=allow-all", "--cache-enabled", "false"],
         ),
         "false",
+    );
+}
+
+/// One of our own settings beside upstream's Go router flags makes the command line ours, so
+/// that router's default (allow-all) does not apply: no auth mode, and the binary refuses to
+/// start naming the setting. The proxy address given is taken, so that a router that started
+/// anyway stops at once with another error rather than serving.
+#[test]
+fn our_settings_beside_go_flags_never_start_an_open_router() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = kubeconfig(dir.path());
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let bind = format!("--http-bind-address={}", taken.local_addr().unwrap());
+    // The binary's own --log-format.
+    assert_configuration_error(
+        &router(&config, &[&bind, "--log-format=json"]),
+        "--log-format",
+    );
+    // One of ours through its SANDBOX_ROUTER_* variable.
+    assert_configuration_error(
+        &router_env(
+            &config,
+            &[("SANDBOX_ROUTER_MAX_TIMEOUT_SECONDS", "30")],
+            &[&bind, "--cluster-domain=cluster.local"],
+        ),
+        "--max-timeout-seconds",
     );
 }
 

@@ -162,3 +162,91 @@ async fn the_router_follows_a_sandbox_in_the_simulated_cluster() {
     serving.await.unwrap().unwrap();
     sim.stop().await;
 }
+
+/// A suspended sandbox that does not wake before the request's deadline (no controller runs
+/// here to resume it) gets 504 saying what the router waited for: which sandbox, that it asked
+/// for the sandbox to be resumed, until when, what it last saw, and what to do.
+#[tokio::test]
+async fn a_suspended_sandbox_that_does_not_wake_in_time_gets_a_504_saying_what_was_waited_for() {
+    let sim = Sim::start(SimConfig::default().isolation(Isolation::None))
+        .await
+        .unwrap();
+    sim.apply_crds().unwrap();
+    let client = sim.client().unwrap();
+    let sandboxes: Api<Sandbox> = Api::namespaced(client.clone(), "default");
+    let sandbox: Sandbox = serde_json::from_value(json!({
+        "apiVersion": agent_sandbox_api::API_VERSION, "kind": agent_sandbox_api::kinds::SANDBOX,
+        "metadata": {"name": "sleepy", "namespace": "default"},
+        "spec": {"operatingMode": "Suspended", "podTemplate": {"spec": {"containers": [
+            {"name": "runtime", "image": "sandbox-runtime:latest"}]}}}
+    }))
+    .unwrap();
+    sandboxes
+        .create(&PostParams::default(), &sandbox)
+        .await
+        .unwrap();
+
+    let index = SharedIndex::new();
+    let router = Router::bind_with(
+        Config::new(SocketAddr::from(([127, 0, 0, 1], 0))),
+        index.clone(),
+        Some(client.clone()),
+    )
+    .await
+    .unwrap();
+    let addr = router.local_addr();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(router.serve(async move {
+        let _ = stop_rx.await;
+    }));
+    let watching = tokio::spawn(agent_sandbox_router::watch(client, index, None));
+    let synced = common::eventually(Duration::from_secs(30), move || async move {
+        let readyz = common::send(addr, Method::GET, "/readyz", &[], Bytes::new()).await;
+        (readyz.status == StatusCode::OK).then_some(())
+    })
+    .await;
+    assert!(synced.is_some(), "the index never synced");
+
+    let reply = common::send(
+        addr,
+        Method::POST,
+        "/execute",
+        &[("x-sandbox-id", "sleepy"), ("x-sandbox-timeout", "1.5")],
+        execute("echo awake"),
+    )
+    .await;
+    assert_eq!(
+        reply.status,
+        StatusCode::GATEWAY_TIMEOUT,
+        "{}",
+        reply.text()
+    );
+    assert_eq!(
+        reply.detail(),
+        "Sandbox default/sleepy was suspended: the router asked for it to be resumed (it \
+         recorded the request as the sandbox's activity, status.lastActivityTime, for which the \
+         controller resumes a suspended sandbox) and waited for it to become routable until \
+         the request's deadline, 1.500s after it arrived (X-Sandbox-Timeout, at most \
+         --max-timeout-seconds); last seen, it was still suspended (spec.operatingMode: \
+         Suspended), so the controller has not resumed it (is the controller running?). Retry \
+         with a longer X-Sandbox-Timeout, or resume it first (sandboxctl resume CLAIM) and \
+         wait until it is Ready."
+    );
+    // The router did ask.
+    let asked = sandboxes.get("sleepy").await.unwrap();
+    assert!(
+        asked
+            .status
+            .as_ref()
+            .and_then(|s| s.last_activity_time.as_ref())
+            .is_some(),
+        "{:?}",
+        asked.status
+    );
+
+    watching.abort();
+    let _ = watching.await;
+    stop_tx.send(()).unwrap();
+    serving.await.unwrap().unwrap();
+    sim.stop().await;
+}

@@ -18,6 +18,7 @@ mod cli;
 mod controller;
 mod idle;
 mod network;
+mod router;
 mod sdk;
 mod upstream;
 
@@ -72,6 +73,7 @@ pub fn all() -> Vec<Scenario> {
         scenario!(idle::an_idle_sandbox_suspends_and_the_next_run_wakes_it),
         scenario!(idle::a_running_command_keeps_its_sandbox_from_idling),
         scenario!(idle::a_killed_clients_claim_is_gone_after_its_pools_default_idle_ttl),
+        scenario!(router::under_upstreams_pods_only_rbac_unclaimed_pool_members_are_refused),
         scenario!(sdk::round_trip_through_port_forward),
         scenario!(sdk::round_trip_through_a_direct_url),
         scenario!(sdk::round_trip_through_a_gateway),

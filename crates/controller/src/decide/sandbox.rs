@@ -58,14 +58,26 @@ fn controller_kind(sandbox: &Sandbox) -> Option<(&str, &str)> {
     })
 }
 
-/// Labels the pod carries because of who owns the sandbox: the template-ref hash while an
-/// extension kind (pool or claim) controls it.
+/// Labels the pod carries because of who owns the sandbox, as upstream sets them: the
+/// template-ref hash while an extension kind (pool or claim) controls it, and the pool label
+/// while a pool does.
 ///
-/// Upstream also puts `warm-pool-sandbox` on pods while a pool controls the sandbox; we keep that
-/// label on the Sandbox only, so that adopting a warm sandbox does not rewrite its live pod (one
-/// API write less per claim). `docs/controller.md` lists this difference.
+/// The pool label is how a router that may read pods but not Sandboxes (upstream's Go router
+/// RBAC, ours in its pods-only mode) tells an unclaimed member, which must not be reached, from
+/// a claimed sandbox. Adoption takes it off the Sandbox, and the pod's metadata patch then takes
+/// it off the pod: one pod write per warm claim.
 pub fn extension_pod_labels(sandbox: &Sandbox) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
+    if owning_pool(sandbox).is_some()
+        && let Some(value) = sandbox
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(labels::WARM_POOL_SANDBOX))
+        && !value.is_empty()
+    {
+        out.insert(labels::WARM_POOL_SANDBOX.to_owned(), value.clone());
+    }
     if let Some((group, _)) = controller_kind(sandbox)
         && group == agent_sandbox_api::EXTENSIONS_GROUP
         && let Some(value) = sandbox
@@ -1372,6 +1384,89 @@ mod tests {
             kinds::SANDBOX_WARM_POOL,
         )]);
         assert_eq!(owning_pool(&sb), None, "another group's kind");
+    }
+
+    /// Upstream's labels: a pool member's pod carries `warm-pool-sandbox` (what a router that
+    /// may read pods only tells unclaimed members by) until a claim adopts the member.
+    #[test]
+    fn a_pool_members_pod_carries_the_pool_label_until_a_claim_adopts_it() {
+        let owner = |kind: &str, name: &str| {
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: agent_sandbox_api::EXTENSIONS_API_VERSION.into(),
+                kind: kind.into(),
+                name: name.into(),
+                uid: format!("{name}-uid"),
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            }
+        };
+        let mut member = sandbox("pool-x7k2p");
+        member.metadata.owner_references = Some(vec![owner(kinds::SANDBOX_WARM_POOL, "pool")]);
+        member.metadata.labels = Some(BTreeMap::from([
+            (labels::WARM_POOL_SANDBOX.into(), name_hash("pool")),
+            (
+                labels::SANDBOX_TEMPLATE_REF_HASH.into(),
+                name_hash("python"),
+            ),
+            (labels::LAUNCH_TYPE.into(), labels::LAUNCH_TYPE_WARM.into()),
+        ]));
+        let pod = desired_pod(&member);
+        assert_eq!(
+            pod.metadata.labels.clone().unwrap(),
+            BTreeMap::from([
+                (
+                    labels::SANDBOX_NAME_HASH.to_owned(),
+                    name_hash("pool-x7k2p")
+                ),
+                (labels::WARM_POOL_SANDBOX.to_owned(), name_hash("pool")),
+                (
+                    labels::SANDBOX_TEMPLATE_REF_HASH.to_owned(),
+                    name_hash("python")
+                ),
+            ])
+        );
+        assert_eq!(pod_metadata_patch(&member, &pod), None);
+        // A member's pod made without it (by an older controller) gets it.
+        let mut unlabelled = pod.clone();
+        unlabelled
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .remove(labels::WARM_POOL_SANDBOX);
+        assert_eq!(
+            pod_metadata_patch(&member, &unlabelled),
+            Some(json!({"metadata": {"labels": {labels::WARM_POOL_SANDBOX: name_hash("pool")}}}))
+        );
+        // Adopted: the claim controls the sandbox and took the label off it; the pod follows.
+        let mut adopted = member.clone();
+        adopted.metadata.owner_references = Some(vec![owner(kinds::SANDBOX_CLAIM, "claim")]);
+        adopted
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .remove(labels::WARM_POOL_SANDBOX);
+        assert_eq!(
+            pod_metadata_patch(&adopted, &pod),
+            Some(json!({"metadata": {"labels": {labels::WARM_POOL_SANDBOX: null}}}))
+        );
+        // A pool owning a sandbox without its label (not a member by upstream's rules) puts
+        // none on the pod.
+        let mut stray = member.clone();
+        stray
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .remove(labels::WARM_POOL_SANDBOX);
+        assert!(
+            !desired_pod(&stray)
+                .metadata
+                .labels
+                .unwrap()
+                .contains_key(labels::WARM_POOL_SANDBOX)
+        );
     }
 
     #[test]
