@@ -6,7 +6,7 @@
 //!    for field, but for [`DIFFERENCES`];
 //! 3. every object of every render (defaults, the custom values, each auth mode) is strict as
 //!    [`super::check_strict`] defines it (its type's fields only, our kinds against their CRD
-//!    schemas);
+//!    schemas), and its pods meet the restricted Pod Security Standard;
 //! 4. `values.schema.json` refuses a misspelt key or a value out of its set, with Helm's error
 //!    naming it;
 //! 5. `flux/release-helm` (a Flux HelmRelease of the chart) is strict, points at the chart in
@@ -19,7 +19,10 @@ use std::process::Command;
 use anyhow::{Context as _, Result, bail};
 use serde_json::Value;
 
-use super::{ImagePolicy, check_strict, describe, image_problems, parse, render, wiring_problems};
+use super::{
+    ImagePolicy, check_strict, describe, image_problems, parse, pod_security_problems, render,
+    wiring_problems,
+};
 
 /// The chart, relative to the workspace root.
 pub(crate) const CHART: &str = "deploy/helm/agent-sandbox";
@@ -165,6 +168,11 @@ fn render_problems(label: &str, objects: &[Value], pinned: bool) -> Vec<String> 
         .filter_map(|o| check_strict(o).err())
         .map(|e| format!("{label}: {e:#}"))
         .collect();
+    problems.extend(
+        pod_security_problems(objects)
+            .into_iter()
+            .map(|p| format!("{label}: {p}")),
+    );
     if pinned {
         problems.extend(
             image_problems(objects, ImagePolicy::Release)
@@ -322,6 +330,7 @@ fn flux_problems(root: &Path, objects: &[Value]) -> Result<Vec<String>> {
 mod tests {
     use super::*;
     use crate::workspace_root;
+    use agent_sandbox_api::kinds;
     use agent_sandbox_local::testkit::{Tool, missing};
 
     /// helm renders, kubectl renders the overlay; without them the test is skipped (fails
@@ -452,6 +461,43 @@ mod tests {
         assert_eq!(args_of(router)[0], "--auth=none");
         assert!(router["spec"]["template"]["spec"]["volumes"].is_null());
         assert!(!none.iter().any(|o| o["kind"] == "Secret"));
+    }
+
+    /// The chart's optional template and pool are deploy/sandboxes' (but for the image), so
+    /// both install sandboxes whose pods meet the restricted Pod Security Standard, are
+    /// restarted when the runtime stops answering, and have a disk cap.
+    #[test]
+    fn the_charts_sandboxes_are_deploy_sandboxes() {
+        if !tools_available() {
+            return;
+        }
+        let root = workspace_root();
+        let system = agent_sandbox_api::wire::SYSTEM_NAMESPACE;
+        let chart = template(&root, system, &["--set", "sandboxes.enabled=true"]).unwrap();
+        let deployed = render(&root, "deploy/sandboxes").unwrap();
+        for (kind, name) in [
+            (kinds::SANDBOX_TEMPLATE, "python-runtime"),
+            (kinds::SANDBOX_WARM_POOL, "python-sandbox-pool"),
+        ] {
+            let (mut ours, mut theirs) = (
+                find(&chart, kind, name).unwrap().clone(),
+                find(&deployed, kind, name).unwrap().clone(),
+            );
+            for object in [&mut ours, &mut theirs] {
+                if let Some(container) =
+                    object.pointer_mut("/spec/podTemplate/spec/containers/0/image")
+                {
+                    *container = Value::Null;
+                }
+            }
+            assert_eq!(ours, theirs, "{kind} {name}");
+        }
+        let pod = &find(&chart, kinds::SANDBOX_TEMPLATE, "python-runtime").unwrap()["spec"]["podTemplate"]
+            ["spec"];
+        assert_eq!(
+            super::super::tests::sandbox_pod_problems(pod),
+            Vec::<String>::new()
+        );
     }
 
     /// A misspelt key or a value outside its set is refused before anything renders, and the
