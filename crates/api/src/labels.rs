@@ -101,6 +101,17 @@ pub const ROUTER_APP_VALUE: &str = "sandbox-router";
 /// name. Read by NetworkPolicy namespace selectors.
 pub const NAMESPACE_NAME: &str = "kubernetes.io/metadata.name";
 
+/// Pod Security Admission: the Pod Security Standard a namespace enforces (the API server refuses
+/// pods that do not meet it). Ours (agent-sandbox-system, and sandboxes' namespaces that our
+/// manifests create) enforce [`POD_SECURITY_RESTRICTED`].
+pub const POD_SECURITY_ENFORCE: &str = "pod-security.kubernetes.io/enforce";
+/// Pod Security Admission: the standard whose violations are recorded in the audit log.
+pub const POD_SECURITY_AUDIT: &str = "pod-security.kubernetes.io/audit";
+/// Pod Security Admission: the standard whose violations are returned as warnings.
+pub const POD_SECURITY_WARN: &str = "pod-security.kubernetes.io/warn";
+/// The restricted Pod Security Standard, as the value of the labels above.
+pub const POD_SECURITY_RESTRICTED: &str = "restricted";
+
 /// On claims an MCP server (`sandboxctl mcp`) creates: its session id, so that it touches only
 /// its own claims. Upstream's MCP server's default key, so that tooling written for it finds ours.
 pub const MCP_SESSION: &str = "mcp.k8s-agent-sandbox/session-id";

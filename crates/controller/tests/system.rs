@@ -1008,6 +1008,9 @@ async fn the_template_policy_has_the_secure_shape_and_follows_the_router_setting
         "172.16.0.0/12",
         "192.168.0.0/16",
         "169.254.0.0/16",
+        "198.18.0.0/15",
+        "224.0.0.0/4",
+        "240.0.0.0/4",
     ] {
         assert!(except.contains(&json!(private)), "{private} is denied");
     }

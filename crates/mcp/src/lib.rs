@@ -16,6 +16,8 @@
 //! - [`config`]: [`McpConfig`], the server's limits and defaults, and the session label;
 //! - `params`: the tools' arguments (JSON Schemas from their types) and their checks, sans IO;
 //! - `output`: capped command output and batched progress messages, sans IO;
+//! - `fit`: what fits in one MCP message (the encoded size of a result, and the guard that
+//!   withholds one that does not fit), sans IO;
 //! - `session`: the claims of this server (ownership, handles, TTL pushes) and the SDK clients
 //!   per namespace;
 //! - `server`: [`SandboxServer`], the tools, the resource and the MCP handler;
@@ -29,6 +31,7 @@
 
 pub mod config;
 mod error;
+mod fit;
 mod output;
 mod params;
 mod server;

@@ -18,7 +18,7 @@ pub(crate) struct CappedOutput {
     total: u64,
 }
 
-/// What [`CappedOutput::finish`] returns.
+/// What [`CappedOutput::render`] returns.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Captured {
     /// The text (bytes that are not UTF-8 become U+FFFD).
@@ -57,35 +57,57 @@ impl CappedOutput {
         self.tail.extend(bytes);
     }
 
-    /// The text to return, saying where `what` (`stdout`, `stderr`) was cut.
-    pub(crate) fn finish(self, what: &str) -> Captured {
-        let kept = (self.head.len() + self.tail.len()) as u64;
-        let truncated = self.total > kept;
-        let mut bytes = self.head;
+    /// The text to return with at most `keep` of the bytes kept (the beginning and the end,
+    /// half each), saying where `what` was cut and how much was left out. A `keep` below what
+    /// was kept is for a result that must fit in one MCP message, and the text says so.
+    pub(crate) fn render(&self, what: &str, keep: usize) -> Captured {
+        let kept = self.head.len() + self.tail.len();
+        let (head_len, tail_len) = if keep >= kept {
+            (self.head.len(), self.tail.len())
+        } else {
+            let head_len = keep.div_ceil(2).min(self.head.len());
+            (head_len, (keep - head_len).min(self.tail.len()))
+        };
+        let mut bytes = self.head[..head_len].to_vec();
+        let mut tail: Vec<u8> = self
+            .tail
+            .range(self.tail.len() - tail_len..)
+            .copied()
+            .collect();
+        let shown = (head_len + tail_len) as u64;
+        let truncated = self.total > shown;
         if truncated {
             // Cut at character boundaries, so that the cut does not add replacement characters.
             trim_partial_char_end(&mut bytes);
-            let omitted = self.total - kept;
+            trim_partial_char_start(&mut tail);
+            let omitted = self.total - shown;
+            let why = if keep < kept {
+                " (all that fits in one MCP result)"
+            } else {
+                ""
+            };
             bytes.extend_from_slice(
                 format!(
                     "\n[... {omitted} bytes of {what} left out: the command wrote {} bytes, of \
-                     which the first {} and the last {} are shown; redirect the output to a \
-                     file and read the part you need (head, tail, grep, or download_file) ...]\n",
-                    self.total, self.head_cap, self.tail_cap,
+                     which the first {head_len} and the last {tail_len} are shown{why}; redirect \
+                     the output to a file and read the part you need (head, tail, grep, or \
+                     download_file) ...]\n",
+                    self.total,
                 )
                 .as_bytes(),
             );
-            let mut tail: Vec<u8> = self.tail.into_iter().collect();
-            trim_partial_char_start(&mut tail);
-            bytes.extend_from_slice(&tail);
-        } else {
-            bytes.extend(self.tail);
         }
+        bytes.extend_from_slice(&tail);
         Captured {
             text: String::from_utf8_lossy(&bytes).into_owned(),
             truncated,
             total: self.total,
         }
+    }
+
+    /// Bytes kept (at most the cap).
+    pub(crate) fn kept(&self) -> usize {
+        self.head.len() + self.tail.len()
     }
 }
 
@@ -213,7 +235,7 @@ mod tests {
         out.push(b"hello");
         out.push(b" you");
         assert_eq!(
-            out.finish("stdout"),
+            out.render("stdout", usize::MAX),
             Captured {
                 text: "hello you".to_owned(),
                 truncated: false,
@@ -223,7 +245,7 @@ mod tests {
         let mut exact = CappedOutput::new(4);
         exact.push(b"ab");
         exact.push(b"cd");
-        assert_eq!(exact.finish("stdout").text, "abcd");
+        assert_eq!(exact.render("stdout", usize::MAX).text, "abcd");
     }
 
     #[test]
@@ -232,7 +254,7 @@ mod tests {
         for chunk in [&b"0123"[..], b"4567", b"89abcdef", b"XYZW"] {
             out.push(chunk);
         }
-        let captured = out.finish("stdout");
+        let captured = out.render("stdout", usize::MAX);
         assert!(captured.truncated);
         assert_eq!(captured.total, 20);
         assert!(
@@ -253,7 +275,7 @@ mod tests {
         let mut out = CappedOutput::new(6);
         out.push(&[b'a'; 1000]);
         out.push(b"end");
-        let captured = out.finish("stderr");
+        let captured = out.render("stderr", usize::MAX);
         assert!(captured.text.starts_with("aaa\n[... 997 bytes of stderr"));
         assert!(captured.text.ends_with("]\nend"));
     }
@@ -262,7 +284,7 @@ mod tests {
     fn cuts_fall_between_characters() {
         let mut out = CappedOutput::new(6);
         out.push("ééééééé".as_bytes()); // 14 bytes, each é two.
-        let captured = out.finish("stdout");
+        let captured = out.render("stdout", usize::MAX);
         assert!(!captured.text.contains('\u{FFFD}'), "{}", captured.text);
         assert!(captured.text.starts_with("é\n"), "{}", captured.text);
         assert!(captured.text.ends_with("]\né"), "{}", captured.text);

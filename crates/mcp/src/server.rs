@@ -29,7 +29,10 @@ use tokio::io::AsyncReadExt as _;
 
 use crate::config::{McpConfig, SESSION_LABEL};
 use crate::error::{ToolError, chain};
-use crate::output::{CappedOutput, ProgressBatch};
+use crate::fit::{
+    MAX_RESULT_BYTES, encoded_len, error_len, largest_fitting, structured_len, within_budget,
+};
+use crate::output::{CappedOutput, Captured, ProgressBatch};
 use crate::params::{
     self, CreateSandboxArgs, DeleteSandboxArgs, DownloadFileArgs, ExecuteCommandArgs,
     FileExistsArgs, ListFilesArgs, ReadRequest, UploadFileArgs,
@@ -129,7 +132,7 @@ pub(crate) struct DownloadFileOutput {
 }
 
 /// Kind of a directory entry.
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Clone, Copy, Debug, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub(crate) enum EntryType {
     /// A regular file.
@@ -143,7 +146,7 @@ pub(crate) enum EntryType {
 }
 
 /// One entry of `list_files`.
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Clone, Debug, Serialize, JsonSchema)]
 pub(crate) struct FileEntryOutput {
     /// Name of the entry (one path component).
     pub(crate) name: String,
@@ -408,8 +411,9 @@ impl SandboxServer {
                        directory) and return its exit code, stdout and stderr. Output is \
                        streamed as progress notifications while it runs, when the client asks \
                        for progress. Each of stdout and stderr returns at most a fixed size \
-                       (64 KiB by default): longer output keeps its beginning and end and says \
-                       how much was left out. A command still running at timeout is killed.",
+                       (64 KiB by default), and less when the whole result would not fit in \
+                       one MCP message (1 MiB): longer output keeps its beginning and end and \
+                       says how much was left out. A command still running at timeout is killed.",
         annotations(title = "Run a command in a sandbox", open_world_hint = true)
     )]
     async fn execute_command(
@@ -459,7 +463,8 @@ impl SandboxServer {
     #[tool(
         description = "Read a file from a sandbox. Text files come back as they are; set \
                        binary=true for any other file to get it base64-encoded. Files larger \
-                       than the server's limit (256 KiB by default) are refused: read part of \
+                       than the server's limit (256 KiB by default), or whose content would not \
+                       fit in one MCP message (1 MiB) once encoded, are refused: read part of \
                        them with execute_command (head, tail, sed -n).",
         annotations(title = "Download a file from a sandbox", read_only_hint = true)
     )]
@@ -529,16 +534,29 @@ impl SandboxServer {
                 ))
             })?
         };
-        Ok(Json(DownloadFileOutput {
+        let output = DownloadFileOutput {
             content,
             bytes_read,
-        }))
+        };
+        let encoded = structured_len(&output);
+        if encoded > MAX_RESULT_BYTES {
+            return Err(too_large_to_return(
+                &request.path,
+                bytes_read,
+                encoded,
+                binary,
+                MAX_RESULT_BYTES,
+            ));
+        }
+        Ok(Json(output))
     }
 
     #[tool(
         description = "List a directory in a sandbox: name, size, type (file, directory, \
                        symlink, other) and mod_time (POSIX seconds) of each entry, at most \
-                       max_entries of them; total_entries counts them all.",
+                       max_entries of them (fewer when they would not fit in one MCP message, \
+                       1 MiB); total_entries counts them all, and truncated says when some were \
+                       left out.",
         annotations(title = "List files in a sandbox", read_only_hint = true)
     )]
     async fn list_files(
@@ -552,7 +570,7 @@ impl SandboxServer {
             .read(&owned, &request, "list", owned.sandbox.list(&request.path))
             .await?;
         let total_entries = entries.len();
-        let entries = entries
+        let entries: Vec<FileEntryOutput> = entries
             .into_iter()
             .take(max_entries)
             .map(|entry| FileEntryOutput {
@@ -571,11 +589,7 @@ impl SandboxServer {
                 size: entry.size,
             })
             .collect();
-        Ok(Json(ListFilesOutput {
-            entries,
-            total_entries,
-            truncated: total_entries > max_entries,
-        }))
+        Ok(Json(listing(entries, total_entries, MAX_RESULT_BYTES)))
     }
 
     #[tool(
@@ -760,44 +774,21 @@ impl SandboxServer {
         {
             reporter.send(message.progress, message.message).await;
         }
-        let mut out = stdout.finish("stdout");
-        let mut err = stderr.finish("stderr");
-        for (captured, cut, what) in [
-            (&mut out, exit.stdout_truncated, "stdout"),
-            (&mut err, exit.stderr_truncated, "stderr"),
-        ] {
-            if cut {
-                captured.truncated = true;
-                captured.text.push_str(&format!(
-                    "\n[... the sandbox kept only the first {} bytes of {what} and discarded the \
-                     rest; redirect the output to a file to keep all of it ...]",
-                    captured.total
-                ));
-            }
-        }
+        let streams = Streams {
+            stdout: &stdout,
+            stderr: &stderr,
+            stdout_cut: exit.stdout_truncated,
+            stderr_cut: exit.stderr_truncated,
+        };
         if exit.timed_out {
-            return Err(ToolError::new(format!(
-                "The command did not finish within its timeout of {} seconds and was killed. \
-                 Retry with a larger timeout (at most 600), or start it in the background \
-                 (nohup CMD > job.log 2>&1 &) and read job.log in later calls.\n\nstdout so \
-                 far:\n{}\n\nstderr so far:\n{}",
-                timeout.as_secs(),
-                out.text,
-                err.text
-            )));
+            return Err(streams.timed_out(timeout, MAX_RESULT_BYTES));
         }
         let exit_code = match (exit.exit_code, exit.signal) {
             (Some(code), _) => code,
             (None, Some(signal)) => 128 + signal,
             (None, None) => -1,
         };
-        Ok(Json(ExecuteCommandOutput {
-            exit_code,
-            stdout: out.text,
-            stderr: err.text,
-            stdout_truncated: out.truncated,
-            stderr_truncated: err.truncated,
-        }))
+        Ok(Json(streams.output(exit_code, MAX_RESULT_BYTES)))
     }
 
     fn resource_template() -> ResourceTemplate {
@@ -808,6 +799,115 @@ impl SandboxServer {
                  (a JSON array).",
             )
             .with_mime_type("application/json")
+    }
+}
+
+/// The first of `entries` that fit in one MCP result with the rest of the listing (sans IO);
+/// `truncated` whenever fewer than `total_entries` are returned.
+fn listing(entries: Vec<FileEntryOutput>, total_entries: usize, budget: usize) -> ListFilesOutput {
+    largest_fitting(entries.len(), budget, |n| {
+        let output = ListFilesOutput {
+            entries: entries[..n].to_vec(),
+            total_entries,
+            truncated: n < total_entries,
+        };
+        let len = structured_len(&output);
+        (output, len)
+    })
+}
+
+/// Why `download_file` refuses a file whose content, encoded, does not fit in one MCP result
+/// (sans IO).
+fn too_large_to_return(
+    path: &str,
+    bytes: u64,
+    encoded: usize,
+    binary: bool,
+    budget: usize,
+) -> ToolError {
+    let what = if binary {
+        "Split it with execute_command (split -b 256k) and download the parts, or read the part \
+         you need (head -c, tail -c)"
+    } else {
+        "Call download_file again with binary=true (base64 grows a file by a third, while text \
+         with control characters or quotes grows up to six times), or read the part you need \
+         with execute_command (head -c, tail -c, sed -n, grep)"
+    };
+    ToolError::new(format!(
+        "'{path}' is {bytes} bytes, but its content takes {encoded} bytes in a tool result (JSON, \
+         twice: as text and as structured content), more than the {budget} bytes one MCP result \
+         may take. {what}."
+    ))
+}
+
+/// A finished command's output as `execute_command` returns it, sans IO: both streams within the
+/// server's cap and, together with the rest of the result, within one MCP message.
+struct Streams<'a> {
+    stdout: &'a CappedOutput,
+    stderr: &'a CappedOutput,
+    /// The sandbox itself discarded output beyond its own cap.
+    stdout_cut: bool,
+    stderr_cut: bool,
+}
+
+impl Streams<'_> {
+    /// Both streams with at most `keep` bytes each, and the sandbox's own cuts said.
+    fn render(&self, keep: usize) -> [Captured; 2] {
+        [
+            (self.stdout, self.stdout_cut, "stdout"),
+            (self.stderr, self.stderr_cut, "stderr"),
+        ]
+        .map(|(stream, cut, what)| {
+            let mut captured = stream.render(what, keep);
+            if cut {
+                captured.truncated = true;
+                captured.text.push_str(&format!(
+                    "\n[... the sandbox kept only the first {} bytes of {what} and discarded the \
+                     rest; redirect the output to a file to keep all of it ...]",
+                    captured.total
+                ));
+            }
+            captured
+        })
+    }
+
+    /// The largest `keep` any stream can use.
+    fn most(&self) -> usize {
+        self.stdout.kept().max(self.stderr.kept())
+    }
+
+    /// The result of a command that exited with `exit_code`, within `budget` encoded.
+    fn output(&self, exit_code: i32, budget: usize) -> ExecuteCommandOutput {
+        largest_fitting(self.most(), budget, |keep| {
+            let [out, err] = self.render(keep);
+            let output = ExecuteCommandOutput {
+                exit_code,
+                stdout: out.text,
+                stderr: err.text,
+                stdout_truncated: out.truncated,
+                stderr_truncated: err.truncated,
+            };
+            let len = structured_len(&output);
+            (output, len)
+        })
+    }
+
+    /// The error of a command killed at `timeout`, with what it printed, within `budget`.
+    fn timed_out(&self, timeout: Duration, budget: usize) -> ToolError {
+        largest_fitting(self.most(), budget, |keep| {
+            let [out, err] = self.render(keep);
+            let message = format!(
+                "The command did not finish within its timeout of {} seconds and was killed. \
+                 Retry with a larger timeout (at most 600), or start it in the background \
+                 (nohup CMD > job.log 2>&1 &) and read job.log in later calls.\n\nstdout so \
+                 far:\n{}\n\nstderr so far:\n{}",
+                timeout.as_secs(),
+                out.text,
+                err.text
+            );
+            let len = error_len(&message);
+            (ToolError::new(message), len)
+        })
     }
 }
 
@@ -887,9 +987,13 @@ impl ServerHandler for SandboxServer {
             .call(ToolCallContext::new(self, request, context))
             .await;
         let outcome = match outcome {
-            Ok(CallToolResponse::Complete(result)) => Ok(CallToolResponse::Complete(
-                argument_errors_explained(&tool, result),
-            )),
+            Ok(CallToolResponse::Complete(result)) => {
+                Ok(CallToolResponse::Complete(within_budget(
+                    &tool,
+                    argument_errors_explained(&tool, result),
+                    MAX_RESULT_BYTES,
+                )))
+            }
             other => other,
         };
         let failed = match &outcome {
@@ -953,10 +1057,22 @@ impl ServerHandler for SandboxServer {
         })?;
         let text = serde_json::to_string(&names)
             .map_err(|error| ErrorData::internal_error(error.to_string(), None))?;
-        Ok(ReadResourceResult::new(vec![
+        let result = ReadResourceResult::new(vec![
             ResourceContents::text(text, uri).with_mime_type("application/json"),
-        ])
-        .into())
+        ]);
+        let len = encoded_len(&result);
+        if len > MAX_RESULT_BYTES {
+            return Err(ErrorData::internal_error(
+                format!(
+                    "the {} sandbox claims of this session in namespace '{namespace}' take {len} \
+                     bytes, more than one MCP result may take ({MAX_RESULT_BYTES}); delete some \
+                     with delete_sandbox",
+                    names.len()
+                ),
+                None,
+            ));
+        }
+        Ok(result.into())
     }
 }
 
@@ -1082,5 +1198,112 @@ mod tests {
             "download_file did not finish within its timeout of 60 seconds. Retry with a larger \
              timeout (at most 600)"
         ));
+    }
+
+    /// 64 KiB of control characters on each stream (the default cap) take about 1.7 MB as a
+    /// tool result: both streams are cut further, each saying why, and the result fits.
+    #[test]
+    fn command_output_fits_in_one_message() {
+        let cap = crate::config::DEFAULT_MAX_OUTPUT_BYTES;
+        let (mut stdout, mut stderr) = (CappedOutput::new(cap), CappedOutput::new(cap));
+        stdout.push(&vec![0; 200_000]);
+        stderr.push(&vec![1; 200_000]);
+        let streams = Streams {
+            stdout: &stdout,
+            stderr: &stderr,
+            stdout_cut: false,
+            stderr_cut: true,
+        };
+        let whole = {
+            let [out, err] = streams.render(usize::MAX);
+            structured_len(&ExecuteCommandOutput {
+                exit_code: 0,
+                stdout: out.text,
+                stderr: err.text,
+                stdout_truncated: true,
+                stderr_truncated: true,
+            })
+        };
+        assert!(whole > 1024 * 1024, "{whole}");
+        let output = streams.output(0, MAX_RESULT_BYTES);
+        let len = structured_len(&output);
+        assert!(len <= MAX_RESULT_BYTES, "{len}");
+        assert!(
+            len > MAX_RESULT_BYTES / 2,
+            "not cut more than needed: {len}"
+        );
+        assert!(output.stdout_truncated && output.stderr_truncated);
+        for text in [&output.stdout, &output.stderr] {
+            assert!(
+                text.contains("(all that fits in one MCP result)"),
+                "{text:.200}"
+            );
+            assert!(text.contains("the command wrote 200000 bytes"));
+        }
+        assert!(
+            output
+                .stderr
+                .contains("the sandbox kept only the first 200000 bytes")
+        );
+        // Output that fits is not touched.
+        let mut short = CappedOutput::new(cap);
+        short.push(b"hello\n");
+        let streams = Streams {
+            stdout: &short,
+            stderr: &short,
+            stdout_cut: false,
+            stderr_cut: false,
+        };
+        let output = streams.output(3, MAX_RESULT_BYTES);
+        assert_eq!(
+            (output.stdout.as_str(), output.stdout_truncated),
+            ("hello\n", false)
+        );
+        // So does the error of a command killed at its timeout, with what it printed.
+        let streams = Streams {
+            stdout: &stdout,
+            stderr: &stderr,
+            stdout_cut: false,
+            stderr_cut: false,
+        };
+        let error = streams.timed_out(Duration::from_secs(1), MAX_RESULT_BYTES);
+        assert!(error_len(error.message()) <= MAX_RESULT_BYTES);
+        assert!(error.message().contains("stdout so far:"));
+    }
+
+    /// A listing of thousands of long names returns the entries that fit, and says it is
+    /// truncated.
+    #[test]
+    fn listings_fit_in_one_message() {
+        let entry = |i: usize| FileEntryOutput {
+            name: format!("{i:05}{}", "x".repeat(195)),
+            size: 0,
+            entry_type: EntryType::File,
+            mod_time: 1.5,
+        };
+        let entries: Vec<FileEntryOutput> = (0..10_000).map(entry).collect();
+        let listed = listing(entries.clone(), 12_000, MAX_RESULT_BYTES);
+        assert!(structured_len(&listed) <= MAX_RESULT_BYTES);
+        assert!(listed.truncated);
+        assert_eq!(listed.total_entries, 12_000);
+        assert!(
+            (1000..10_000).contains(&listed.entries.len()),
+            "{}",
+            listed.entries.len()
+        );
+        assert_eq!(listed.entries[0].name, entries[0].name);
+        let small = listing(entries[..3].to_vec(), 3, MAX_RESULT_BYTES);
+        assert_eq!((small.entries.len(), small.truncated), (3, false));
+    }
+
+    #[test]
+    fn a_file_too_large_to_return_says_what_to_do() {
+        let text = too_large_to_return("a.txt", 262_144, 3_407_941, false, 1000);
+        assert!(text.message().starts_with(
+            "'a.txt' is 262144 bytes, but its content takes 3407941 bytes in a tool result"
+        ));
+        assert!(text.message().contains("binary=true"));
+        let binary = too_large_to_return("a.bin", 9, 10, true, 1);
+        assert!(binary.message().contains("split -b"));
     }
 }

@@ -5,7 +5,7 @@
 //! delete the session's claims ([`McpConfig::delete_on_exit`]).
 
 use std::future::{Future, IntoFuture as _};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,6 +38,37 @@ pub fn is_loopback(addr: &SocketAddr) -> bool {
             v6.ip().is_loopback() || v6.ip().to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
         }
     }
+}
+
+/// The `Host` names and browser origins a server listening on the loopback address `ip`
+/// answers (sans IO): the loopback names, and `ip` itself, which is how clients (and pages it
+/// serves) reach a server on another loopback address than 127.0.0.1, such as 127.0.0.2. An
+/// IPv4-mapped address counts as its IPv4 address too.
+fn loopback_names(ip: IpAddr) -> (Vec<String>, Vec<String>) {
+    let mut hosts: Vec<String> = ["localhost", "127.0.0.1", "::1"]
+        .map(str::to_owned)
+        .to_vec();
+    let mut origins: Vec<String> = ["http://localhost:*", "http://127.0.0.1:*", "http://[::1]:*"]
+        .map(str::to_owned)
+        .to_vec();
+    let mut own = vec![ip];
+    if let IpAddr::V6(v6) = ip
+        && let Some(v4) = v6.to_ipv4_mapped()
+    {
+        own.push(IpAddr::V4(v4));
+    }
+    for ip in own {
+        let host = ip.to_string();
+        if hosts.contains(&host) {
+            continue;
+        }
+        origins.push(match ip {
+            IpAddr::V4(_) => format!("http://{host}:*"),
+            IpAddr::V6(_) => format!("http://[{host}]:*"),
+        });
+        hosts.push(host);
+    }
+    (hosts, origins)
 }
 
 /// Refuses a listen address that is not loopback unless `allow_remote`: the server runs
@@ -110,17 +141,10 @@ pub async fn serve_http(
         .with_cancellation_token(stop.child_token())
         .with_max_request_body_bytes(MAX_REQUEST_BODY);
     http_config = if is_loopback(&addr) {
-        // Also the address itself, when it is another loopback address than 127.0.0.1.
-        let ip = addr.ip().to_string();
-        let mut hosts = vec!["localhost", "127.0.0.1", "::1"];
-        if !hosts.contains(&ip.as_str()) {
-            hosts.push(&ip);
-        }
-        http_config.with_allowed_hosts(hosts).with_allowed_origins([
-            "http://localhost:*",
-            "http://127.0.0.1:*",
-            "http://[::1]:*",
-        ])
+        let (hosts, origins) = loopback_names(addr.ip());
+        http_config
+            .with_allowed_hosts(hosts)
+            .with_allowed_origins(origins)
     } else {
         // Reached under names this process cannot know; whoever allowed remote access put
         // an authenticating proxy in front.
@@ -193,5 +217,28 @@ mod tests {
             assert!(check_listen_addr(addr(remote), true).is_ok(), "{remote}");
         }
         assert!(addr(DEFAULT_LISTEN).ip().is_loopback());
+    }
+
+    #[test]
+    fn a_loopback_server_answers_to_its_own_address() {
+        let names = |ip: &str| loopback_names(ip.parse().unwrap_or(IpAddr::from([0, 0, 0, 0])));
+        let (hosts, origins) = names("127.0.0.1");
+        assert_eq!(hosts, ["localhost", "127.0.0.1", "::1"]);
+        assert_eq!(
+            origins,
+            ["http://localhost:*", "http://127.0.0.1:*", "http://[::1]:*"]
+        );
+        let (hosts, origins) = names("127.0.0.2");
+        assert_eq!(hosts.last().map(String::as_str), Some("127.0.0.2"));
+        assert_eq!(
+            origins.last().map(String::as_str),
+            Some("http://127.0.0.2:*")
+        );
+        let (hosts, origins) = names("::ffff:127.0.0.3");
+        assert_eq!(hosts[3..], ["::ffff:127.0.0.3", "127.0.0.3"]);
+        assert_eq!(
+            origins[3..],
+            ["http://[::ffff:127.0.0.3]:*", "http://127.0.0.3:*"]
+        );
     }
 }

@@ -216,6 +216,25 @@ fn expected() -> Value {
             "missing_file": "No such file or directory 'no/such/file' in sandbox claim '<claim>'",
             "timed_out": "The command did not finish within its timeout of 1 seconds and was killed"
         },
+        // Nothing larger than one message (1 MiB, the HTTP client's limit on one event) leaves
+        // the server: output is cut further and says why, a file is refused with what to do
+        // instead, a listing returns fewer entries and says it is truncated.
+        "limits": {
+            "output": {
+                "fits": true,
+                "stdout_truncated": true,
+                "stderr_truncated": true,
+                "says_why": true
+            },
+            "text_file": {
+                "fits": true,
+                "is_error": true,
+                "says": "'work/control.txt' is 262144 bytes",
+                "advice": true
+            },
+            "binary_file": {"fits": true, "bytes_read": 262144},
+            "listing": {"fits": true, "total_entries": 5000, "truncated": true, "some": true}
+        },
         "deleted": {"sandbox_claim_name": "<claim>", "namespace": "default", "deleted": true},
         "after_delete": "Sandbox claim '<claim>' is not found in namespace 'default'",
         "resource_after_delete": []

@@ -11,13 +11,16 @@
 //!
 //! Embedding: build a [`Config`] (or parse [`Args`]), then [`Server::bind`] and
 //! [`Server::serve`] with a shutdown future, or [`serve`] in one call, or [`run`] to also
-//! build the tokio runtime and wait for SIGTERM/SIGINT.
+//! build the tokio runtime and wait for SIGTERM/SIGINT. [`run`] and [`run_until`] own the
+//! process: they also make the runtime the reaper of its commands' orphans, and kill every
+//! process left below it when they return (`reaper`).
 //!
 //! Module map: [`config`] (flags and defaults), `serve` (accept loop, connection cap, header,
 //! body and keep-alive limits), `http` (router and handlers), `exec` (spawn,
 //! process groups, the output driver), `processes` (background process table), `files`
 //! (confined file operations), `output` (bounded output log, incremental JSON encoding), `split` (upstream's shlex
-//! splitting), [`harden`] (optional Landlock / `no_new_privs`).
+//! splitting), [`harden`] (optional Landlock / `no_new_privs`), `reaper` (orphans: PID 1 or
+//! child subreaper).
 
 // The module map above links the private modules, for readers of the source.
 #![allow(rustdoc::private_intra_doc_links)]
@@ -31,6 +34,7 @@ mod http;
 mod output;
 mod paths;
 mod processes;
+mod reaper;
 mod serve;
 mod split;
 
@@ -207,6 +211,11 @@ pub async fn shutdown_signal() {
 
 /// Builds a tokio runtime with [`Config::effective_worker_threads`] workers and serves until
 /// SIGTERM or SIGINT. For binaries whose `main` is synchronous.
+///
+/// The process becomes the reaper of its commands' orphans: PID 1 of its PID namespace is one
+/// already, any other process becomes a child subreaper and, when this returns (or panics),
+/// kills every process left below it (within the shutdown grace). Adopted orphans are reaped as
+/// they exit. See `docs/runtime-api.md`, "Guarantees".
 pub fn run(config: Config) -> Result<()> {
     run_until(config, shutdown_signal())
 }
@@ -217,6 +226,9 @@ pub fn run_until(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
+    // Dropped last, after the tokio runtime (declared after it): then nothing else waits for
+    // children any more.
+    let reaper = reaper::Reaper::adopt(config.shutdown_grace);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(config.effective_worker_threads())
         // File transfers and listings use the blocking pool; bound it.
@@ -225,5 +237,17 @@ pub fn run_until(
         .enable_all()
         .build()
         .map_err(|source| Error::Runtime { source })?;
-    runtime.block_on(serve(config, shutdown))
+    runtime.block_on(async {
+        let server = Server::bind(config).await?;
+        reaper.log();
+        let stop = CancellationToken::new();
+        // Reaping runs here, on the main thread, not in a spawned task (see `reaper`).
+        let serving = async {
+            let served = server.serve(shutdown).await;
+            stop.cancel();
+            served
+        };
+        let (served, ()) = tokio::join!(serving, reaper.reap_orphans(stop.clone()));
+        served
+    })
 }

@@ -4,9 +4,9 @@
 //! 1. `helm lint --strict` with the default values and with `ci/custom-values.yaml`;
 //! 2. `helm template` with the defaults renders the objects of `deploy/overlays/release`, field
 //!    for field, but for [`DIFFERENCES`];
-//! 3. every object of every render (defaults, the custom values, each auth mode) is strict as
-//!    [`super::check_strict`] defines it (its type's fields only, our kinds against their CRD
-//!    schemas);
+//! 3. every object of every render (defaults, the custom values, each auth mode, the hardening
+//!    options) is strict as [`super::check_strict`] defines it (its type's fields only, our kinds
+//!    against their CRD schemas), and its pods meet the restricted Pod Security Standard;
 //! 4. `values.schema.json` refuses a misspelt key or a value out of its set, with Helm's error
 //!    naming it;
 //! 5. `flux/release-helm` (a Flux HelmRelease of the chart) is strict, points at the chart in
@@ -19,7 +19,10 @@ use std::process::Command;
 use anyhow::{Context as _, Result, bail};
 use serde_json::Value;
 
-use super::{ImagePolicy, check_strict, describe, image_problems, parse, render, wiring_problems};
+use super::{
+    ImagePolicy, check_strict, describe, image_problems, parse, pod_security_problems, render,
+    wiring_problems,
+};
 
 /// The chart, relative to the workspace root.
 pub(crate) const CHART: &str = "deploy/helm/agent-sandbox";
@@ -165,6 +168,11 @@ fn render_problems(label: &str, objects: &[Value], pinned: bool) -> Vec<String> 
         .filter_map(|o| check_strict(o).err())
         .map(|e| format!("{label}: {e:#}"))
         .collect();
+    problems.extend(
+        pod_security_problems(objects)
+            .into_iter()
+            .map(|p| format!("{label}: {p}")),
+    );
     if pinned {
         problems.extend(
             image_problems(objects, ImagePolicy::Release)
@@ -217,6 +225,15 @@ pub(crate) fn check_chart(root: &Path) -> Result<Vec<String>> {
             "chart no auth",
             system,
             &["--set", "router.auth.mode=none"][..],
+        ),
+        (
+            "chart hardened",
+            system,
+            &[
+                "--set",
+                "router.scope=namespace,controller.networkPolicy.enabled=true,\
+                 sandboxes.enabled=true,sandboxes.createNamespace=true,sandboxes.namespace=agents",
+            ][..],
         ),
     ] {
         let objects = template(root, namespace, extra)?;
@@ -322,6 +339,7 @@ fn flux_problems(root: &Path, objects: &[Value]) -> Result<Vec<String>> {
 mod tests {
     use super::*;
     use crate::workspace_root;
+    use agent_sandbox_api::kinds;
     use agent_sandbox_local::testkit::{Tool, missing};
 
     /// helm renders, kubectl renders the overlay; without them the test is skipped (fails
@@ -353,7 +371,7 @@ mod tests {
             return;
         }
         match check_chart(&workspace_root()) {
-            Ok(summary) => assert_eq!(summary.len(), 2 + 1 + 3 + 1, "{summary:#?}"),
+            Ok(summary) => assert_eq!(summary.len(), 2 + 1 + 4 + 1, "{summary:#?}"),
             Err(error) => panic!("{error:#}"),
         }
     }
@@ -407,13 +425,12 @@ mod tests {
             controller["spec"]["template"]["spec"]["containers"][0]["image"],
             "registry.example.com/agent-sandbox-controller:v0.1.0-rc1"
         );
-        for binding in ["agent-sandbox-controller", "sandbox-router"] {
-            let crb = find(&custom, "ClusterRoleBinding", binding).unwrap();
-            assert_eq!(
-                crb["subjects"][0]["namespace"], "sandboxes-system",
-                "{binding}"
-            );
-        }
+        let crb = find(&custom, "ClusterRoleBinding", "agent-sandbox-controller").unwrap();
+        assert_eq!(crb["subjects"][0]["namespace"], "sandboxes-system");
+        // A namespaced router: bound where it watches, to its account in the release's namespace.
+        let binding = find(&custom, "RoleBinding", "sandbox-router").unwrap();
+        assert_eq!(binding["metadata"]["namespace"], "agents");
+        assert_eq!(binding["subjects"][0]["namespace"], "sandboxes-system");
         let router = find(&custom, "Deployment", "sandbox-router").unwrap();
         assert_eq!(router["spec"]["replicas"], 3);
         let args = args_of(router);
@@ -426,6 +443,7 @@ mod tests {
             args.contains(&"--activity-interval=60".to_owned()),
             "{args:?}"
         );
+        assert!(args.contains(&"--namespace=agents".to_owned()), "{args:?}");
         assert_eq!(
             router["spec"]["template"]["spec"]["volumes"][0]["secret"]["secretName"],
             "team-router-token"
@@ -454,6 +472,221 @@ mod tests {
         assert!(!none.iter().any(|o| o["kind"] == "Secret"));
     }
 
+    /// The chart's optional template and pool are deploy/sandboxes' (but for the image), so
+    /// both install sandboxes whose pods meet the restricted Pod Security Standard, are
+    /// restarted when the runtime stops answering, and have a disk cap.
+    #[test]
+    fn the_charts_sandboxes_are_deploy_sandboxes() {
+        if !tools_available() {
+            return;
+        }
+        let root = workspace_root();
+        let system = agent_sandbox_api::wire::SYSTEM_NAMESPACE;
+        let chart = template(&root, system, &["--set", "sandboxes.enabled=true"]).unwrap();
+        let deployed = render(&root, "deploy/sandboxes").unwrap();
+        for (kind, name) in [
+            (kinds::SANDBOX_TEMPLATE, "python-runtime"),
+            (kinds::SANDBOX_WARM_POOL, "python-sandbox-pool"),
+        ] {
+            let (mut ours, mut theirs) = (
+                find(&chart, kind, name).unwrap().clone(),
+                find(&deployed, kind, name).unwrap().clone(),
+            );
+            for object in [&mut ours, &mut theirs] {
+                if let Some(container) =
+                    object.pointer_mut("/spec/podTemplate/spec/containers/0/image")
+                {
+                    *container = Value::Null;
+                }
+            }
+            assert_eq!(ours, theirs, "{kind} {name}");
+        }
+        let pod = &find(&chart, kinds::SANDBOX_TEMPLATE, "python-runtime").unwrap()["spec"]["podTemplate"]
+            ["spec"];
+        assert_eq!(
+            super::super::tests::sandbox_pod_problems(pod),
+            Vec::<String>::new()
+        );
+    }
+
+    /// router.scope=namespace: the router reads Sandboxes and Pods of one namespace (a Role
+    /// and RoleBinding there, its --namespace flag), and nothing elsewhere.
+    #[test]
+    fn a_namespaced_router_reads_only_the_namespace_it_watches() {
+        use clap::Parser as _;
+        if !tools_available() {
+            return;
+        }
+        let root = workspace_root();
+        let system = agent_sandbox_api::wire::SYSTEM_NAMESPACE;
+        let objects = template(
+            &root,
+            system,
+            &["--set", "router.scope=namespace,sandboxes.namespace=team-a"],
+        )
+        .unwrap();
+        assert!(find(&objects, "ClusterRole", "sandbox-router").is_none());
+        assert!(find(&objects, "ClusterRoleBinding", "sandbox-router").is_none());
+        let role = find(&objects, "Role", "sandbox-router").unwrap();
+        assert_eq!(role["metadata"]["namespace"], "team-a");
+        let default_role = template(&root, system, &[]).unwrap();
+        assert_eq!(
+            role["rules"],
+            find(&default_role, "ClusterRole", "sandbox-router").unwrap()["rules"],
+            "the same rules, in one namespace"
+        );
+        let binding = find(&objects, "RoleBinding", "sandbox-router").unwrap();
+        assert_eq!(binding["metadata"]["namespace"], "team-a");
+        assert_eq!(binding["roleRef"]["kind"], "Role");
+        assert_eq!(binding["subjects"][0]["namespace"], system);
+        #[derive(clap::Parser)]
+        struct RouterCli {
+            #[command(flatten)]
+            args: agent_sandbox_router::Args,
+            #[arg(long)]
+            log_format: String,
+        }
+        let router = find(&objects, "Deployment", "sandbox-router").unwrap();
+        let argv = std::iter::once("sandbox-router".to_owned()).chain(args_of(router));
+        let cli = RouterCli::try_parse_from(argv).unwrap();
+        assert_eq!(cli.args.namespace.as_deref(), Some("team-a"));
+        // watchNamespace wins over the sandboxes' namespace.
+        let objects = template(
+            &root,
+            system,
+            &[
+                "--set",
+                "router.scope=namespace,router.watchNamespace=team-b",
+            ],
+        )
+        .unwrap();
+        let role = find(&objects, "Role", "sandbox-router").unwrap();
+        assert_eq!(role["metadata"]["namespace"], "team-b");
+        let router = find(&objects, "Deployment", "sandbox-router").unwrap();
+        assert!(args_of(router).contains(&"--namespace=team-b".to_owned()));
+    }
+
+    /// controller.networkPolicy.enabled: ingress to the controller only on its metrics port,
+    /// only from the scraper's pods; its health port is for the kubelet, whose probes come from
+    /// the node, which NetworkPolicy always admits.
+    #[test]
+    fn the_controller_policy_admits_only_the_metrics_scraper() {
+        if !tools_available() {
+            return;
+        }
+        let root = workspace_root();
+        let system = agent_sandbox_api::wire::SYSTEM_NAMESPACE;
+        let defaults = template(&root, system, &[]).unwrap();
+        assert!(find(&defaults, "NetworkPolicy", "agent-sandbox-controller").is_none());
+        let objects = template(
+            &root,
+            system,
+            &["--set", "controller.networkPolicy.enabled=true"],
+        )
+        .unwrap();
+        let policy = find(&objects, "NetworkPolicy", "agent-sandbox-controller").unwrap();
+        let controller = find(&objects, "Deployment", "agent-sandbox-controller").unwrap();
+        let pod = &controller["spec"]["template"];
+        for (key, value) in policy["spec"]["podSelector"]["matchLabels"]
+            .as_object()
+            .unwrap()
+        {
+            assert_eq!(&pod["metadata"]["labels"][key], value, "{key}");
+        }
+        assert_eq!(
+            policy["spec"]["policyTypes"],
+            serde_json::json!(["Ingress"])
+        );
+        assert_eq!(
+            policy["spec"]["ingress"],
+            serde_json::json!([{
+                "from": [{
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+                    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+                }],
+                "ports": [{"protocol": "TCP", "port": "metrics"}],
+            }])
+        );
+        // The named port is the one the controller serves metrics on.
+        let ports = &pod["spec"]["containers"][0]["ports"];
+        let metrics = ports
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == "metrics")
+            .unwrap();
+        assert!(args_of(controller).contains(&format!(
+            "--metrics-bind-address=0.0.0.0:{}",
+            metrics["containerPort"]
+        )));
+        // Another scraper replaces the default one whole; no scraper at all (which would admit
+        // everyone) is refused.
+        let custom = template(&root, system, &["--values", CUSTOM_VALUES]).unwrap();
+        let policy = find(&custom, "NetworkPolicy", "agent-sandbox-controller").unwrap();
+        assert_eq!(
+            policy["spec"]["ingress"][0]["from"],
+            serde_json::json!([{
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}},
+                "podSelector": {"matchExpressions": [{
+                    "key": "app.kubernetes.io/name", "operator": "In", "values": ["prometheus", "vmagent"],
+                }]},
+            }])
+        );
+        let none = template(
+            &root,
+            system,
+            &[
+                "--set",
+                "controller.networkPolicy.enabled=true",
+                "--set-json",
+                "controller.networkPolicy.metricsFrom=[]",
+            ],
+        );
+        let error = format!("{:#}", none.unwrap_err());
+        assert!(error.contains("metricsFrom"), "{error}");
+    }
+
+    /// sandboxes.createNamespace: the sandboxes' namespace enforces (and audits and warns about)
+    /// the restricted Pod Security Standard; without it the chart makes no namespace.
+    #[test]
+    fn a_sandbox_namespace_the_chart_creates_enforces_restricted() {
+        use agent_sandbox_api::labels;
+        if !tools_available() {
+            return;
+        }
+        let root = workspace_root();
+        let system = agent_sandbox_api::wire::SYSTEM_NAMESPACE;
+        let defaults = template(&root, system, &["--set", "sandboxes.enabled=true"]).unwrap();
+        assert!(!defaults.iter().any(|o| o["kind"] == "Namespace"));
+        let objects = template(
+            &root,
+            system,
+            &[
+                "--set",
+                "sandboxes.enabled=true,sandboxes.createNamespace=true,sandboxes.namespace=agents",
+            ],
+        )
+        .unwrap();
+        let namespace = find(&objects, "Namespace", "agents").unwrap();
+        for key in [
+            labels::POD_SECURITY_ENFORCE,
+            labels::POD_SECURITY_AUDIT,
+            labels::POD_SECURITY_WARN,
+        ] {
+            assert_eq!(
+                namespace["metadata"]["labels"][key],
+                labels::POD_SECURITY_RESTRICTED,
+                "{key}"
+            );
+        }
+        let template_ = find(&objects, kinds::SANDBOX_TEMPLATE, "python-runtime").unwrap();
+        assert_eq!(template_["metadata"]["namespace"], "agents");
+        assert_eq!(
+            super::super::tests::sandbox_pod_problems(&template_["spec"]["podTemplate"]["spec"]),
+            Vec::<String>::new()
+        );
+    }
+
     /// A misspelt key or a value outside its set is refused before anything renders, and the
     /// error names it.
     #[test]
@@ -468,6 +701,9 @@ mod tests {
             ("router.auth.mode=open", "mode"),
             ("router.image.digest=latest", "digest"),
             ("sandboxes.warmpool.replicas=3", "warmpool"),
+            ("router.scope=cluster-wide", "scope"),
+            ("controller.networkPolicy.from=x", "from"),
+            ("controller.networkPolicy.metricsFrom[0].pods=x", "pods"),
         ] {
             let error = template(&root, system, &["--set", set]).unwrap_err();
             let message = format!("{error:#}");

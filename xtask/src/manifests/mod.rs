@@ -13,7 +13,9 @@
 //! 4. the router runs where the controller's default NetworkPolicy and the SDK look for it
 //!    (`agent_sandbox_api::wire`, `labels::ROUTER_APP`), behind `sandbox-router-svc:8080`;
 //! 5. Flux Kustomizations form the chain infrastructure → controller → sandboxes with `prune`,
-//!    `wait` and `timeout`, against a source defined next to them.
+//!    `wait` and `timeout`, against a source defined next to them;
+//! 6. the pods of every Deployment and SandboxTemplate meet the restricted Pod Security Standard
+//!    ([`restricted_problems`]), so a namespace that enforces it admits them.
 
 pub(crate) mod flux;
 pub(crate) mod helm;
@@ -319,6 +321,122 @@ pub(crate) fn containers(object: &Value) -> Vec<(String, &Value)> {
     out
 }
 
+/// Volume types the restricted Pod Security Standard admits.
+const RESTRICTED_VOLUMES: [&str; 8] = [
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+];
+
+/// Where the pod spec `pod` falls short of the restricted Pod Security Standard (what Pod
+/// Security Admission checks on a pod in a namespace that enforces it: the baseline's host
+/// namespaces, host paths and ports, privileged containers and capabilities, and the
+/// restricted profile's volume types, privilege escalation, non-root users, seccomp profile and
+/// dropped capabilities), one line per problem.
+pub(crate) fn restricted_problems(pod: &Value) -> Vec<String> {
+    let mut problems = Vec::new();
+    for host in ["hostNetwork", "hostPID", "hostIPC"] {
+        if pod[host] == true {
+            problems.push(format!("{host} is true"));
+        }
+    }
+    for volume in pod["volumes"].as_array().into_iter().flatten() {
+        let Some(map) = volume.as_object() else {
+            continue;
+        };
+        for kind in map.keys().filter(|k| *k != "name") {
+            if !RESTRICTED_VOLUMES.contains(&kind.as_str()) {
+                problems.push(format!("volume {}: type {kind}", volume["name"]));
+            }
+        }
+    }
+    let pod_sc = &pod["securityContext"];
+    let seccomp_ok = |sc: &Value| {
+        matches!(
+            sc["seccompProfile"]["type"].as_str(),
+            Some("RuntimeDefault" | "Localhost")
+        )
+    };
+    if pod_sc["seccompProfile"]["type"] == "Unconfined" {
+        problems.push("the pod's seccomp profile is Unconfined".to_owned());
+    }
+    if pod_sc["runAsUser"] == 0 {
+        problems.push("the pod runs as user 0".to_owned());
+    }
+    for list in ["initContainers", "containers", "ephemeralContainers"] {
+        for container in pod[list].as_array().into_iter().flatten() {
+            let name = format!("{list} {}", container["name"]);
+            let sc = &container["securityContext"];
+            if sc["privileged"] == true {
+                problems.push(format!("{name}: privileged"));
+            }
+            if sc["allowPrivilegeEscalation"] != false {
+                problems.push(format!("{name}: allowPrivilegeEscalation is not false"));
+            }
+            let non_root = sc["runAsNonRoot"] == true
+                || (sc["runAsNonRoot"].is_null() && pod_sc["runAsNonRoot"] == true);
+            if !non_root {
+                problems.push(format!(
+                    "{name}: runAsNonRoot is not true (pod or container)"
+                ));
+            }
+            if sc["runAsUser"] == 0 {
+                problems.push(format!("{name}: runs as user 0"));
+            }
+            let confined = seccomp_ok(sc) || (sc["seccompProfile"].is_null() && seccomp_ok(pod_sc));
+            if !confined {
+                problems.push(format!(
+                    "{name}: no RuntimeDefault or Localhost seccomp profile (pod or container)"
+                ));
+            }
+            let drops_all = sc["capabilities"]["drop"]
+                .as_array()
+                .is_some_and(|drop| drop.iter().any(|c| c == "ALL"));
+            if !drops_all {
+                problems.push(format!("{name}: capabilities.drop does not hold ALL"));
+            }
+            for added in sc["capabilities"]["add"].as_array().into_iter().flatten() {
+                if added != "NET_BIND_SERVICE" {
+                    problems.push(format!("{name}: adds capability {added}"));
+                }
+            }
+            for port in container["ports"].as_array().into_iter().flatten() {
+                if port["hostPort"].as_i64().is_some_and(|p| p != 0) {
+                    problems.push(format!("{name}: hostPort {}", port["hostPort"]));
+                }
+            }
+        }
+    }
+    problems
+}
+
+/// Pods of a render that the restricted Pod Security Standard would refuse: those of every
+/// Deployment and of every SandboxTemplate (a sandbox namespace may enforce it, and
+/// agent-sandbox-system does).
+pub(crate) fn pod_security_problems(objects: &[Value]) -> Vec<String> {
+    objects
+        .iter()
+        .filter_map(|object| {
+            let pod = match object["kind"].as_str()? {
+                "Deployment" => &object["spec"]["template"]["spec"],
+                kinds::SANDBOX_TEMPLATE => &object["spec"]["podTemplate"]["spec"],
+                _ => return None,
+            };
+            Some(
+                restricted_problems(pod)
+                    .into_iter()
+                    .map(|problem| format!("{}: not restricted: {problem}", describe(object))),
+            )
+        })
+        .flatten()
+        .collect()
+}
+
 /// Problems with the images of a render under `policy`.
 pub(crate) fn image_problems(objects: &[Value], policy: ImagePolicy) -> Vec<String> {
     let mut problems = Vec::new();
@@ -600,6 +718,11 @@ pub(crate) fn check_all(root: &Path) -> Result<Vec<String>> {
         );
         problems.extend(
             wiring_problems(objects)
+                .into_iter()
+                .map(|p| format!("{label}: {p}")),
+        );
+        problems.extend(
+            pod_security_problems(objects)
                 .into_iter()
                 .map(|p| format!("{label}: {p}")),
         );
@@ -928,6 +1051,59 @@ mod tests {
         );
     }
 
+    /// Problems of a sandbox template's pod spec (`spec.podTemplate.spec`): the restricted Pod
+    /// Security Standard, a liveness probe on the runtime's health endpoint (a runtime that
+    /// stops answering is restarted) and an ephemeral-storage limit with a request not above it
+    /// (what a sandbox writes is capped).
+    pub(crate) fn sandbox_pod_problems(pod: &Value) -> Vec<String> {
+        use agent_sandbox_api::units::parse_quantity_milli;
+        let mut problems = restricted_problems(pod);
+        let runtime = &pod["containers"][0];
+        let probe = &runtime["livenessProbe"]["httpGet"];
+        if probe["path"] != agent_sandbox_api::runtime::v1::paths::HEALTH
+            || probe["port"] != wire::RUNTIME_PORT
+        {
+            problems.push(format!(
+                "no liveness probe of the runtime's health: {probe}"
+            ));
+        }
+        let resources = &runtime["resources"];
+        let quantity = |value: &Value| value.as_str().and_then(|q| parse_quantity_milli(q).ok());
+        match (
+            quantity(&resources["limits"]["ephemeral-storage"]),
+            quantity(&resources["requests"]["ephemeral-storage"]),
+        ) {
+            (Some(limit), Some(request)) if request <= limit && limit > 0 => {}
+            _ => problems.push(format!(
+                "no ephemeral-storage limit with a request not above it: {resources}"
+            )),
+        }
+        problems
+    }
+
+    /// The default template's pods meet the restricted Pod Security Standard without the
+    /// controller's defaults, have a liveness probe, and a disk cap.
+    #[test]
+    fn the_default_template_is_restricted_probed_and_disk_capped() {
+        if !kubectl_available() {
+            return;
+        }
+        let objects = rendered("deploy/sandboxes");
+        let template = object(&objects, kinds::SANDBOX_TEMPLATE, "python-runtime");
+        let pod = &template["spec"]["podTemplate"]["spec"];
+        assert_eq!(sandbox_pod_problems(pod), Vec::<String>::new());
+        // The check finds what it looks for.
+        let mut weakened = pod.clone();
+        weakened["securityContext"]["seccompProfile"] = Value::Null;
+        weakened["containers"][0]["securityContext"]["capabilities"]["add"] =
+            serde_json::json!(["SYS_ADMIN"]);
+        weakened["containers"][0]["livenessProbe"] = Value::Null;
+        weakened["containers"][0]["resources"]["limits"]["ephemeral-storage"] = Value::Null;
+        weakened["volumes"] = serde_json::json!([{"name": "host", "hostPath": {"path": "/"}}]);
+        let problems = sandbox_pod_problems(&weakened);
+        assert_eq!(problems.len(), 5, "{problems:#?}");
+    }
+
     /// Read-only router, no wildcard and no Secrets for either component, restricted pods.
     #[test]
     fn rbac_and_security_contexts_are_least_privilege() {
@@ -990,9 +1166,13 @@ mod tests {
         }
         let namespace = object(&objects, "Namespace", wire::SYSTEM_NAMESPACE);
         assert_eq!(
-            namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"],
-            "restricted"
+            namespace["metadata"]["labels"][labels::POD_SECURITY_ENFORCE],
+            labels::POD_SECURITY_RESTRICTED
         );
+        for name in [wire::CONTROLLER_NAME, "sandbox-router"] {
+            let pod = &object(&objects, "Deployment", name)["spec"]["template"]["spec"];
+            assert_eq!(restricted_problems(pod), Vec::<String>::new(), "{name}");
+        }
     }
 
     /// The sandboxes component as Flux delivers it on kind (flux/kind, images transformed)

@@ -4,8 +4,8 @@
 //! With no user rules the controller writes the secure default: ingress only from the router
 //! (its namespace and pod labels are settings whose defaults match `deploy/`, so the seed
 //! article's gotchas 2 and 3 cannot happen with defaults), egress to public addresses only
-//! (private, shared, link-local, loopback and cloud-metadata ranges denied, IPv4 and IPv6), and
-//! optionally cluster DNS.
+//! (private, shared, link-local, loopback, cloud-metadata, benchmarking, reserved and multicast
+//! ranges denied, IPv4 and IPv6), and optionally cluster DNS.
 
 use std::collections::BTreeMap;
 
@@ -22,8 +22,10 @@ use super::controller_reference;
 
 /// IPv4 ranges sandboxes may not reach: RFC 1918, shared address space (also Alibaba's
 /// metadata service at 100.100.100.200), link-local (cloud metadata at 169.254.169.254),
-/// loopback and "this network".
-pub const DENIED_IPV4: [&str; 7] = [
+/// loopback, "this network", the benchmarking range 198.18.0.0/15 (which some clouds and
+/// appliances use internally), multicast, and the reserved 240.0.0.0/4 (broadcast included): none
+/// of them is the public internet.
+pub const DENIED_IPV4: [&str; 10] = [
     "0.0.0.0/8",
     "10.0.0.0/8",
     "100.64.0.0/10",
@@ -31,13 +33,17 @@ pub const DENIED_IPV4: [&str; 7] = [
     "169.254.0.0/16",
     "172.16.0.0/12",
     "192.168.0.0/16",
+    "198.18.0.0/15",
+    "224.0.0.0/4",
+    "240.0.0.0/4",
 ];
 
 /// IPv6 ranges sandboxes may not reach: unique-local (AWS metadata at fd00:ec2::254),
-/// link-local and loopback. Not the IPv4-mapped range `::ffff:0:0/96`: the API server rejects
-/// an IPv4-mapped address in an `ipBlock`, and there is no need for it, because a connection to
-/// `::ffff:a.b.c.d` leaves the pod as an IPv4 packet to `a.b.c.d`, which [`DENIED_IPV4`] covers.
-pub const DENIED_IPV6: [&str; 3] = ["::1/128", "fc00::/7", "fe80::/10"];
+/// link-local, loopback and multicast. Not the IPv4-mapped range `::ffff:0:0/96`: the API
+/// server rejects an IPv4-mapped address in an `ipBlock`, and there is no need for it, because a
+/// connection to `::ffff:a.b.c.d` leaves the pod as an IPv4 packet to `a.b.c.d`, which
+/// [`DENIED_IPV4`] covers.
+pub const DENIED_IPV6: [&str; 4] = ["::1/128", "fc00::/7", "fe80::/10", "ff00::/8"];
 
 /// Where the router and cluster DNS live, for the default policy.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -222,6 +228,28 @@ mod tests {
                 ]}],
             })
         );
+    }
+
+    /// Besides private and metadata ranges: benchmarking (198.18.0.0/15), reserved
+    /// (240.0.0.0/4) and multicast (224.0.0.0/4, ff00::/8) addresses are not the internet.
+    #[test]
+    fn default_egress_denies_benchmarking_reserved_and_multicast_ranges() {
+        let policy = desired_policy(&template(), &PolicySettings::default()).unwrap();
+        let spec = serde_json::to_value(policy.spec.unwrap()).unwrap();
+        let except = |i: usize| spec["egress"][0]["to"][i]["ipBlock"]["except"].clone();
+        for denied in [
+            "198.18.0.0/15",
+            "240.0.0.0/4",
+            "224.0.0.0/4",
+            "169.254.0.0/16",
+        ] {
+            assert!(
+                except(0).as_array().unwrap().contains(&json!(denied)),
+                "{denied}: {}",
+                except(0)
+            );
+        }
+        assert!(except(1).as_array().unwrap().contains(&json!("ff00::/8")));
     }
 
     #[test]

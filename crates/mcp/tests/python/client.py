@@ -6,7 +6,9 @@
 The scenario: list the tools and the resource template, create a sandbox, upload a script and
 its input, run it (it writes an output file; its output arrives as progress notifications
 too), download the output, check file_exists and list_files, read the session's sandboxes
-resource, provoke the errors an LLM must be able to act on, and delete the sandbox.
+resource, provoke the errors an LLM must be able to act on, ask for results too large for one
+MCP message (output and a file of control characters, a listing of thousands of long names),
+and delete the sandbox.
 
 Prints one JSON object on stdout, the transcript (names that change from run to run
 replaced), which the Rust test compares with what it expects. A step whose result does not
@@ -38,6 +40,22 @@ print("to stderr", file=sys.stderr)
 
 BLOB = bytes([0, 1, 2, 255, 254])
 
+# The most one tool result may take on the wire: the SDK's streamable HTTP client refuses a
+# server-sent event larger than this (the call then fails), and stdio clients meet the same
+# servers.
+MESSAGE_LIMIT = 1024 * 1024
+
+# Output of control characters, which JSON escapes to six bytes each (and the copy of the
+# structured content in the text block to seven): 200 kB of each kind on each stream.
+CONTROL_OUTPUT = "head -c 200000 /dev/zero; head -c 200000 /dev/zero | tr '\\0' '\\1' >&2"
+# A text file of 256 KiB (download_file's default limit) of such characters.
+CONTROL_FILE = "head -c 262144 /dev/zero | tr '\\0' '\\1' > work/control.txt"
+# 5000 empty files with names of 200 characters.
+MANY_FILES = (
+    "python3 -c \"import os; os.makedirs('many'); "
+    "[open('many/%05d' % i + 'x' * 195, 'w').close() for i in range(5000)]\""
+)
+
 
 def text_of(result):
     return "".join(block.text for block in result.content if getattr(block, "type", "") == "text")
@@ -63,6 +81,51 @@ async def fails(session, name, arguments):
 
 def first_sentence(text):
     return text.split(". ")[0]
+
+
+def encoded_size(result):
+    """Bytes of the result as JSON, as the server sends it (both copies of its content)."""
+    return len(result.model_dump_json(by_alias=True, exclude_none=True).encode())
+
+
+async def limits(session, target):
+    """Results that would not fit in one message are cut or refused, and say so."""
+    output = await session.call_tool("execute_command", {**target, "command": CONTROL_OUTPUT})
+    if output.is_error:
+        raise AssertionError(f"execute_command failed: {text_of(output)}")
+    out = output.structured_content
+    await call(session, "execute_command", {**target, "command": CONTROL_FILE})
+    text_file = await session.call_tool("download_file", {**target, "path": "work/control.txt"})
+    binary_file = await session.call_tool(
+        "download_file", {**target, "path": "work/control.txt", "binary": True}
+    )
+    await call(session, "execute_command", {**target, "command": MANY_FILES})
+    listing = await session.call_tool("list_files", {**target, "path": "many", "max_entries": 10000})
+    listed = listing.structured_content
+    return {
+        "output": {
+            "fits": encoded_size(output) <= MESSAGE_LIMIT,
+            "stdout_truncated": out["stdout_truncated"],
+            "stderr_truncated": out["stderr_truncated"],
+            "says_why": all("(all that fits in one MCP result)" in out[k] for k in ("stdout", "stderr")),
+        },
+        "text_file": {
+            "fits": encoded_size(text_file) <= MESSAGE_LIMIT,
+            "is_error": text_file.is_error,
+            "says": text_of(text_file).split(", but")[0],
+            "advice": "binary=true" in text_of(text_file),
+        },
+        "binary_file": {
+            "fits": encoded_size(binary_file) <= MESSAGE_LIMIT,
+            "bytes_read": binary_file.structured_content["bytes_read"],
+        },
+        "listing": {
+            "fits": encoded_size(listing) <= MESSAGE_LIMIT,
+            "total_entries": listed["total_entries"],
+            "truncated": listed["truncated"],
+            "some": 0 < len(listed["entries"]) < listed["total_entries"],
+        },
+    }
 
 
 async def scenario(session):
@@ -161,6 +224,8 @@ async def scenario(session):
             await fails(session, "execute_command", {**target, "command": "sleep 30", "timeout": 1})
         ),
     }
+
+    transcript["limits"] = await limits(session, target)
 
     deleted = await call(session, "delete_sandbox", target)
     deleted["sandbox_claim_name"] = scrub(deleted["sandbox_claim_name"])

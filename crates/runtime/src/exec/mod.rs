@@ -11,7 +11,7 @@
 //! channel of NDJSON events for `/v1/exec`, the bounded log of a background process.
 
 pub(crate) mod groups;
-mod launch;
+pub(crate) mod launch;
 pub(crate) mod spawn;
 
 use std::future::Future;

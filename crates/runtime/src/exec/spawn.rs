@@ -4,7 +4,9 @@
 //!
 //! The parent-death signal is tied to the *thread* that starts the child, so children must be
 //! spawned from a long-lived thread: a tokio worker (any `async` context), never a
-//! `spawn_blocking` thread, which exits when idle and would take its children with it.
+//! `spawn_blocking` thread, which exits when idle and would take its children with it. Nor from
+//! the main thread when the runtime owns the process: the reaper of adopted orphans waits for
+//! that thread's children (`crate::reaper`).
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};

@@ -26,3 +26,8 @@ sandbox-router-signing-key
 {{- define "agent-sandbox.routerSecretKey" -}}
 {{- if eq .Values.router.auth.mode "token" -}}token{{- else -}}key{{- end -}}
 {{- end -}}
+
+{{/* The one namespace a namespaced router (router.scope=namespace) watches. */}}
+{{- define "agent-sandbox.routerWatchNamespace" -}}
+{{- default .Values.sandboxes.namespace .Values.router.watchNamespace -}}
+{{- end -}}
