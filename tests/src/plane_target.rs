@@ -183,6 +183,7 @@ impl PlaneCluster {
                     cpu: "64".to_owned(),
                     memory: "256Gi".to_owned(),
                     pods: 1000,
+                    ..NodeCapacity::default()
                 },
                 ..KubeletConfig::new(NODE, &plane.dir().join("kubelet"))
             },

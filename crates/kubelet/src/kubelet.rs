@@ -91,22 +91,31 @@ pub struct NodeCapacity {
     pub memory: String,
     /// Pods.
     pub pods: u32,
+    /// Ephemeral storage (`"1Ti"`): what pods' `requests.ephemeral-storage` are scheduled
+    /// against. A confined pod's storage is a tmpfs of its limit, used only as it is written.
+    pub ephemeral_storage: String,
 }
 
 impl Default for NodeCapacity {
-    /// 2 CPUs, 8 GiB and 1000 pods.
+    /// 2 CPUs, 8 GiB, 1000 pods and 1 TiB of ephemeral storage.
     fn default() -> Self {
         Self {
             cpu: "2".to_owned(),
             memory: "8Gi".to_owned(),
             pods: 1000,
+            ephemeral_storage: "1Ti".to_owned(),
         }
     }
 }
 
 impl NodeCapacity {
     pub(crate) fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({"cpu": self.cpu, "memory": self.memory, "pods": self.pods.to_string()})
+        serde_json::json!({
+            "cpu": self.cpu,
+            "memory": self.memory,
+            "pods": self.pods.to_string(),
+            "ephemeral-storage": self.ephemeral_storage,
+        })
     }
 }
 
