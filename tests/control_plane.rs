@@ -256,8 +256,8 @@ async fn a_warm_claim_runs_on_our_kubelet_through_the_router() {
         .await
         .unwrap();
 
-    // The node. Pods run without bubblewrap: the pods' directories are in this test's scratch
-    // directory, which a bubblewrapped pod (with its private /tmp) might not see.
+    // The node. Pods run unconfined: the pods' directories are in this test's scratch
+    // directory, which a confined pod (with its private /tmp) would not see.
     let runtime = testkit::workspace_binary("agent-sandbox-runtime", "sandbox-runtime").unwrap();
     let mut images = ImageTable::with_defaults();
     images.prepend(runtime_entry("*runtime*", Program::Path(runtime)));

@@ -628,7 +628,7 @@ pub(crate) fn write_private(dir: &Path, name: &str, contents: &[u8]) -> Result<P
     Ok(path)
 }
 
-/// A scratch directory outside `/tmp` (sandboxes under bubblewrap get a private `/tmp`, and
+/// A scratch directory outside `/tmp` (confined sandboxes get a private `/tmp`, and
 /// the sim's router pod reads its key from here).
 pub(crate) fn scratch_dir() -> Result<tempfile::TempDir> {
     agent_sandbox_local::testkit::pod_visible_dir("e2e-").map_err(Error::io(

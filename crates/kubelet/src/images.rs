@@ -4,7 +4,7 @@
 //! Patterns are globs over the whole image reference (`*` matches any run of characters), tried
 //! in order; the first match wins. Arguments and environment values may use the templates
 //! `{pod_ip}`, `{pod_name}`, `{namespace}`, `{pod_uid}` and `{pod_dir}` (the pod's own directory
-//! as the process sees it: `/app` under bubblewrap, the host path otherwise).
+//! as the process sees it: `/app` when confined, the host path otherwise).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

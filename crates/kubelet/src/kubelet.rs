@@ -68,7 +68,7 @@ pub struct KubeletConfig {
     pub pod_network: PodNetwork,
     /// What the Node advertises to the scheduler as its capacity (and allocatable). The
     /// scheduler places pods by these figures; containers' `resources.limits` are enforced
-    /// under bubblewrap where control groups can be made.
+    /// in confined pods where control groups can be made.
     pub capacity: NodeCapacity,
     /// The most processes a container of a confined pod may have (a real kubelet's
     /// `--pod-max-pids`); default 4096.

@@ -35,7 +35,7 @@ use crate::volumes::{self, Refs, Tokens};
 /// Restart back-off: doubles from this, capped at [`MAX_BACKOFF`].
 const BASE_BACKOFF: Duration = Duration::from_millis(500);
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
-/// The `PATH` of a bubblewrapped container, as images set it.
+/// The `PATH` of a confined container, as images set it.
 const IMAGE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// How soon a mount that failed is tried again.
 const MOUNT_RETRY: Duration = Duration::from_secs(1);
@@ -748,8 +748,8 @@ impl Worker {
         }
     }
 
-    /// Reads the ConfigMaps and Secrets `container` references (its environment, and under
-    /// bubblewrap the volumes it mounts) through the API, and requests the ServiceAccount
+    /// Reads the ConfigMaps and Secrets `container` references (its environment, and when
+    /// confined the volumes it mounts) through the API, and requests the ServiceAccount
     /// tokens its projected volumes need (bound to this pod, as a node's kubelet requests
     /// them).
     async fn fetch_refs(&self, container: &Value) -> (Refs, Result<Tokens, String>) {
@@ -899,7 +899,7 @@ impl Worker {
         }
     }
 
-    /// The `PATH` of a container and where its command is looked up: under bubblewrap an
+    /// The `PATH` of a container and where its command is looked up: when confined an
     /// image's ([`IMAGE_PATH`], the system directories it shows), so that a command resolves to
     /// what the pod can see and not to a tool in someone's home directory; else the host's.
     fn search_path(&self) -> String {
@@ -1787,7 +1787,7 @@ async fn watch_container(
                     break running.child.wait().await;
                 }
             },
-            // Processes that appeared since (the program bubblewrap was still starting) get
+            // Processes that appeared since (the pod-sandbox helper was still starting) get
             // their SIGTERM too.
             () = tokio::time::sleep(Duration::from_millis(50)), if terminating => {
                 running.guard.terminate();

@@ -6,7 +6,7 @@
 //! allowed. A process of another architecture's ABI (x32 on x86-64, a foreign `AUDIT_ARCH`) is
 //! killed rather than let through unfiltered.
 //!
-//! [`program`] is the classic BPF program as bubblewrap's `--seccomp FD` reads it (an array of
+//! [`program`] is the classic BPF program as `seccomp(SECCOMP_SET_MODE_FILTER)` takes it (an array of
 //! `struct sock_filter` in native byte order), built here without libseccomp: a straight list
 //! of comparisons, so every jump is short.
 
@@ -152,7 +152,7 @@ fn instructions() -> Vec<Instruction> {
     program
 }
 
-/// The filter as bubblewrap's `--seccomp` reads it.
+/// The filter as the pod-sandbox helper installs it.
 pub(crate) fn program() -> Vec<u8> {
     instructions()
         .into_iter()

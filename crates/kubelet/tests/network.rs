@@ -5,7 +5,7 @@
 //!
 //! Each test runs in a network namespace it makes (it runs itself again under `unshare --net`):
 //! the kubelet's bridge, its addresses and the "internet" namespace never touch the machine's
-//! own network. Needs root, bubblewrap, `ip`, `nft` and `unshare`; without them the tests say
+//! own network. Needs root, user namespaces, `ip`, `nft` and `unshare`; without them the tests say
 //! so and skip (and fail under `CI=true`). The last test then drops root (`setpriv`) to run a
 //! kubelet that is not root, whose pods' networks live in a namespace of its own, with
 //! `slirp4netns` for their internet.

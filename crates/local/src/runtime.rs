@@ -91,7 +91,7 @@ fn serve(args: Args) -> agent_sandbox_runtime::Result<()> {
 }
 
 /// Resolves once this process's parent has changed (it died and we were re-parented): without
-/// bubblewrap's `--die-with-parent`, this is how a runtime outlives no `SIGKILL`ed cluster.
+/// a parent-death signal, this is how a runtime outlives no `SIGKILL`ed cluster.
 async fn parent_gone() {
     let first = rustix::process::getppid();
     loop {

@@ -2,7 +2,7 @@
 //!
 //! Every error ends the process with one line on stderr, `error: ...`, and no backtrace even
 //! under `RUST_BACKTRACE=1` (that is for panics): exit code 2 when the configuration cannot be
-//! used (a flag value, the port, the data directory, the kubeconfig path, bubblewrap), 1 for
+//! used (a flag value, the port, the data directory, the kubeconfig path, pod confinement), 1 for
 //! anything else.
 
 use std::path::PathBuf;

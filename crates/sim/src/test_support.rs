@@ -87,7 +87,7 @@ pub fn workspace_binary(package: &str, bin: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
-/// A temporary directory whose files pods can read: bubblewrapped pods get a private `/tmp`,
+/// A temporary directory whose files pods can read: confined pods get a private `/tmp`,
 /// so files a pod is pointed at (a kubeconfig, a key) must live elsewhere. Under the running
 /// executable's target directory when there is one outside `/tmp`, else under `/var/tmp`
 /// (a checkout in `/tmp` has its target directory there too).

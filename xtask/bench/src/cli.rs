@@ -90,7 +90,7 @@ fn run_local(root: &Path, options: Options) -> Result<Vec<Row>> {
         ),
     ] {
         let (mut start, mut first) = (Samples::with_capacity(count), Samples::with_capacity(count));
-        let mut missing = String::new();
+        let mut summary = String::new();
         for _ in 0..count {
             let mut command = if own_netns {
                 agent_sandbox_local::testkit::own_network_command(&bin)
@@ -106,21 +106,17 @@ fn run_local(root: &Path, options: Options) -> Result<Vec<Row>> {
             let (up, output, log) = once(&mut command)?;
             start.push(up);
             first.push(output);
-            if let Some(line) = log
-                .lines()
-                .find(|l| l.contains("warning: local sandboxes lack"))
-            {
-                missing = line.to_owned();
+            if let Some(line) = log.lines().find(|l| l.contains("pods get: ")) {
+                summary = line.trim().to_owned();
             }
         }
         let protections = if name == "cli/run-local" {
-            if missing.is_empty() {
-                "every protection (own filesystem view, user namespace, seccomp, cgroup limits, own network with NetworkPolicies enforced)".to_owned()
-            } else {
-                missing
+            if summary.is_empty() {
+                bail!("sandboxctl run --local did not say what its pods get")
             }
+            summary
         } else {
-            "no bubblewrap, the host's network and PATH (its python3 is whatever that PATH finds first: on the machine of the last run a pyenv shim, about 90 ms of this row's claim-to-first-output)".to_owned()
+            "unconfined (--isolation none): the host's files, network and PATH (its python3 is whatever that PATH finds first: on the machine of the last run a pyenv shim, about 90 ms of this row's claim-to-first-output)".to_owned()
         };
         rows.push(
             Row::new(format!("{name}/start"))

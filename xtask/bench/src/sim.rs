@@ -1,7 +1,7 @@
 //! Cases for `crates/sim`: the release `kube-sim` binary started as scripts start it, driven over
 //! loopback HTTP with a hyper client: time to a served kubeconfig, API request latency and
-//! throughput, and the time from creating a runtime Pod to its `Ready` condition (with and
-//! without bubblewrap), with the sim's peak RSS.
+//! throughput, and the time from creating a runtime Pod to its `Ready` condition (confined by the
+//! kubelet's pod sandbox and with `--isolation none`), with the sim's peak RSS.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -33,7 +33,7 @@ pub(super) fn cases() -> Vec<Case> {
         },
         Case {
             name: "sim/pod-ready",
-            about: "create of a sandbox-runtime Pod until its Ready condition, without and with bubblewrap",
+            about: "create of a sandbox-runtime Pod until its Ready condition, unconfined and confined",
             run: pod_ready,
         },
     ]
@@ -283,15 +283,11 @@ fn is_ready(pod: &Value) -> bool {
 fn pod_ready(root: &Path, options: Options) -> Result<Vec<Row>> {
     let binary = build(root)?;
     let mut rows = Vec::new();
-    let bwrap = Command::new("bwrap")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    for isolation in ["none", "bwrap"] {
-        if isolation == "bwrap" && !bwrap {
-            eprintln!("bench: sim/pod-ready-bwrap skipped: bwrap is not installed");
+    for isolation in ["none", "confined"] {
+        if isolation == "confined"
+            && let Some(why) = agent_sandbox_local::testkit::Tool::Confinement.unavailable()
+        {
+            eprintln!("bench: sim/pod-ready-confined skipped: {why}");
             continue;
         }
         let sim = KubeSim::start(&binary, &format!("pods-{isolation}"), isolation)?;

@@ -2,7 +2,7 @@
 //!
 //! - [`wait_for`] and [`Check`]: bounded polling whose [`Timeout`] says what was awaited and
 //!   what was last seen (no fixed sleeps as synchronisation);
-//! - [`Tool`] and [`missing`]: a test that needs `kubectl`, bubblewrap or `python3` and does
+//! - [`Tool`] and [`missing`]: a test that needs `kubectl`, user namespaces or `python3` and does
 //!   not find it says so and is counted as skipped, and fails instead under `CI=true`;
 //! - [`own_network_command`] and [`Internet`]: network namespaces of a test's own, and an
 //!   "internet" in one;
