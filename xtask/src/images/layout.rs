@@ -1,7 +1,7 @@
 //! OCI images as bytes: layers (gzip-compressed tar of a [`Tree`]), the image config, the
 //! manifest, and the archive of an OCI image layout (`oci-layout`, `index.json`,
-//! `blobs/sha256/...` in one tar) that `ctr images import`, `skopeo` (`oci-archive:`) and
-//! `docker load` read. [`inspect`] reads such an archive back and checks every digest and size.
+//! `blobs/sha256/...` in one tar), the format `ctr images import` and `skopeo`'s
+//! `oci-archive:` read. [`inspect`] reads such an archive back and checks every digest and size.
 //!
 //! Everything is reproducible: entries sorted, every time the one `epoch` (`SOURCE_DATE_EPOCH`,
 //! else 0), owners numeric with no names, gzip headers without time or name, JSON from structs
