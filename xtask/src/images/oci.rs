@@ -167,6 +167,32 @@ pub(crate) fn lock(root: &Path) -> Result<Vec<String>> {
     Ok(lines)
 }
 
+/// The flags of the binaries' build: the caller's (`CARGO_ENCODED_RUSTFLAGS`, else
+/// `RUSTFLAGS`), then path remappings, so that the checkout's and cargo's home directories,
+/// which panic messages and debug info name, do not differ between two clones: builds of the
+/// same commit in different directories give the same binaries, and the same digests.
+fn remapped_rustflags(root: &Path) -> String {
+    let mut flags: Vec<String> = match std::env::var("CARGO_ENCODED_RUSTFLAGS") {
+        Ok(encoded) if !encoded.is_empty() => encoded.split('\x1f').map(str::to_owned).collect(),
+        _ => std::env::var("RUSTFLAGS")
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect(),
+    };
+    flags.push(format!("--remap-path-prefix={}=/build", root.display()));
+    let cargo_home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cargo")));
+    if let Some(cargo_home) = cargo_home {
+        flags.push(format!(
+            "--remap-path-prefix={}=/cargo",
+            cargo_home.display()
+        ));
+    }
+    flags.join("\x1f")
+}
+
 /// `cargo xtask images --oci DIR`: builds the binaries, fetches the packages, writes
 /// `DIR/<target>.tar` per image and `DIR/images.tar` with all three, and checks each archive by
 /// reading it back.
@@ -187,7 +213,8 @@ pub(crate) fn build(root: &Path, options: &Options, dir: &Path) -> Result<Vec<Wr
     let mut command = Command::new(&cargo);
     command
         .current_dir(root)
-        .args(["build", "--release", "--locked"]);
+        .args(["build", "--release", "--locked"])
+        .env("CARGO_ENCODED_RUSTFLAGS", remapped_rustflags(root));
     for package in CARGO_PACKAGES {
         command.args(["-p", package]);
     }
