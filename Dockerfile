@@ -12,6 +12,11 @@
 #
 # The builder and the distroless and runtime bases are Debian 12 (bookworm), so the binaries'
 # glibc matches; python-runtime-sandbox's base is Debian 13, whose newer glibc runs them too.
+#
+# Without Docker, `cargo xtask images --oci DIR` builds the controller, router and runtime images
+# as OCI archives on pinned Debian 12 packages (runtime: Debian's Python 3.11), with the users,
+# ports, environment, working directories and entrypoints below: xtask/src/images/spec.rs holds
+# them, and a test fails when this file and it differ.
 
 ARG RUST_VERSION=1.95.0
 

@@ -1,7 +1,16 @@
 //! `cargo xtask images`: builds the four images of the root `Dockerfile` (one target each) and
 //! tags them; optionally pushes them and pins the release manifests to their digests.
 //! `--check-requirements` checks, without Docker, that the Python libraries of the
-//! `python-runtime-sandbox` image install as pinned.
+//! `python-runtime-sandbox` image install as pinned. `--oci DIR` builds the controller, router
+//! and runtime images without Docker, as OCI archives ([`oci`]); `--lock` pins their Debian
+//! packages ([`debian`]).
+
+mod deb;
+pub(crate) mod debian;
+mod layout;
+pub(crate) mod oci;
+mod rootfs;
+pub(crate) mod spec;
 
 use std::path::Path;
 use std::process::Command;

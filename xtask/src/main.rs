@@ -4,7 +4,8 @@
 //! - `bench`: run benchmark cases and write `docs/benchmarks.md` (the package
 //!   `agent-sandbox-bench` in `xtask/bench`, built and run by [`bench()`]);
 //! - `check-manifests`: the offline checks of `deploy/`, `flux/` and `kind/` (see [`manifests`]);
-//! - `images`: build the container images (see [`images`]);
+//! - `images`: build the container images, with Docker or as OCI archives without it (see
+//!   [`images`]);
 //! - `cluster up|down`: a kind + Cilium + Flux cluster running this checkout (see [`cluster`]);
 //! - `e2e`: the end-to-end suite against the simulated cluster, a kubeconfig's cluster or a
 //!   throwaway k3s (see [`e2e`]);
@@ -59,16 +60,26 @@ enum Command {
     /// Render every deploy/ overlay and flux/ path with kubectl and check every object strictly.
     #[command(after_help = "Examples:\n  cargo xtask check-manifests")]
     CheckManifests,
-    /// Build the controller, router and runtime images from the Dockerfile (needs Docker).
+    /// Build the controller, router and runtime images: from the Dockerfile (needs Docker), or
+    /// with --oci as OCI archives without Docker or a registry.
     #[command(
-        after_help = "Examples:\n  cargo xtask images                                   # agent-sandbox/*:dev, for kind\n  cargo xtask images --registry ghcr.io/agent-sandbox-rs --tag v0.1.0 --push --pin-release\n  cargo xtask images --check-requirements              # python-runtime-sandbox's pins install (no Docker)"
+        after_help = "Examples:\n  cargo xtask images                                   # agent-sandbox/*:dev, for kind\n  cargo xtask images --registry ghcr.io/agent-sandbox-rs --tag v0.1.0 --push --pin-release\n  cargo xtask images --oci target/oci                  # no Docker: target/oci/{controller,router,runtime,images}.tar\n  sudo ctr -n k8s.io images import target/oci/images.tar   # then pods can use agent-sandbox/*:dev\n  cargo xtask images --lock                            # re-pin the Debian packages of --oci (apt-get update first)\n  cargo xtask images --check-requirements              # python-runtime-sandbox's pins install (no Docker)\n\n--oci builds the controller, router and runtime (not python-runtime-sandbox) from the release\nbinaries and the Debian 12 packages pinned in xtask/images/debian-bookworm-<arch>.lock, downloaded\nonce into $XDG_CACHE_HOME/agent-sandbox/debian (else ~/.cache/agent-sandbox/debian). Archives are\nreproducible; SOURCE_DATE_EPOCH sets their timestamps (default 0)."
     )]
     Images {
         /// Build nothing: check that the Python libraries of the python-runtime-sandbox image
         /// install as pinned (pip download --require-hashes for CPython 3.14, x86_64 and
         /// aarch64), without Docker.
-        #[arg(long, conflicts_with_all = ["registry", "push", "pin_release"])]
+        #[arg(long, conflicts_with_all = ["registry", "push", "pin_release", "oci", "lock"])]
         check_requirements: bool,
+        /// Build the controller, router and runtime images without Docker, as OCI image archives
+        /// in DIR (one per image and images.tar with all three), named as --registry and --tag
+        /// say.
+        #[arg(long, value_name = "DIR", conflicts_with_all = ["push", "pin_release", "lock"])]
+        oci: Option<PathBuf>,
+        /// Build nothing: resolve the Debian packages of --oci from the APT index and write
+        /// their lock file (xtask/images/debian-bookworm-<arch>.lock).
+        #[arg(long, conflicts_with_all = ["registry", "push", "pin_release"])]
+        lock: bool,
         /// Tag of every image.
         #[arg(long, default_value = images::DEV_TAG)]
         tag: String,
@@ -199,8 +210,48 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
+        Command::Images { lock: true, .. } => {
+            for line in images::oci::lock(&root)? {
+                println!("ok  {line}");
+            }
+            Ok(())
+        }
+        Command::Images {
+            oci: Some(dir),
+            tag,
+            registry,
+            ..
+        } => {
+            let options = images::Options {
+                tag,
+                registry,
+                ..images::Options::dev()
+            };
+            for archive in images::oci::build(&root, &options, &dir)? {
+                println!(
+                    "{}  {:.1} MiB  sha256:{}",
+                    archive.path.display(),
+                    archive.bytes as f64 / 1048576.0,
+                    archive.sha256
+                );
+                for ((name, manifest), size) in archive
+                    .names
+                    .iter()
+                    .zip(&archive.manifests)
+                    .zip(&archive.sizes)
+                {
+                    println!(
+                        "  {name}  {manifest}  {:.1} MiB compressed",
+                        *size as f64 / 1048576.0
+                    );
+                }
+            }
+            Ok(())
+        }
         Command::Images {
             check_requirements: false,
+            oci: None,
+            lock: false,
             tag,
             registry,
             push,
