@@ -265,6 +265,16 @@ impl ControlPlane {
     /// Starts etcd, the API server, the controller manager and the scheduler, with credentials
     /// for one node named `node`; returns once the API server is ready.
     pub async fn start(tools: Tools, node: &str) -> Result<Self> {
+        Self::start_for_node_at(tools, node, &[]).await
+    }
+
+    /// [`ControlPlane::start`] for a node whose kubelet the API server reaches at
+    /// `node_addresses` (besides 127.0.0.1): its serving certificate names them too.
+    pub async fn start_for_node_at(
+        tools: Tools,
+        node: &str,
+        node_addresses: &[&str],
+    ) -> Result<Self> {
         let started = Instant::now();
         let dir = crate::cluster::scratch_dir()?;
         let root = dir.path().to_path_buf();
@@ -393,7 +403,9 @@ impl ControlPlane {
             kubeconfig_json(&server, &ca.pem, &KubeconfigUser::Certificate(&node_client)),
         )
         .map_err(Error::io("write", &plane.node.kubeconfig))?;
-        let node_serving = ca.issue(node, None, &["127.0.0.1", node], false)?;
+        let mut serving_names = vec!["127.0.0.1", node];
+        serving_names.extend_from_slice(node_addresses);
+        let node_serving = ca.issue(node, None, &serving_names, false)?;
         write("kubelet.crt", &node_serving.cert)?;
         write("kubelet.key", &node_serving.key)?;
 
@@ -551,6 +563,41 @@ impl ControlPlane {
         self.run_tool("helm", args).await
     }
 
+    /// [`ControlPlane::kubectl`] with `input` on its standard input (`apply -f -`).
+    pub async fn kubectl_stdin(&self, args: &[&str], input: &str) -> Result<String> {
+        use tokio::io::AsyncWriteExt as _;
+        let program = self.tools.path("kubectl");
+        let mut child = tokio::process::Command::new(&program)
+            .arg("--kubeconfig")
+            .arg(&self.admin_kubeconfig)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(Error::io("run", &program))?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin
+                .write_all(input.as_bytes())
+                .await
+                .map_err(Error::io("write to", &program))?;
+        }
+        let output = child
+            .wait_with_output()
+            .await
+            .map_err(Error::io("run", &program))?;
+        if !output.status.success() {
+            return Err(Error::Config(format!(
+                "kubectl {} failed: {}{}",
+                args.join(" "),
+                String::from_utf8_lossy(&output.stdout).trim(),
+                String::from_utf8_lossy(&output.stderr).trim()
+            )));
+        }
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
     async fn run_tool(&self, name: &str, args: &[&str]) -> Result<String> {
         let program = self.tools.path(name);
         let root = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -610,6 +657,21 @@ impl ControlPlane {
         name: &str,
         file: &str,
     ) -> Result<PathBuf> {
+        let token = self.service_account_token(namespace, name).await?;
+        crate::cluster::write_private(
+            self.dir.path(),
+            file,
+            &kubeconfig_json(&self.server, &self.ca_pem, &KubeconfigUser::Token(&token)),
+        )
+    }
+
+    /// The cluster's CA certificate, PEM.
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
+    /// A token of service account `namespace/name` from the TokenRequest API, valid for a day.
+    pub async fn service_account_token(&self, namespace: &str, name: &str) -> Result<String> {
         let client = self.client().await?;
         let accounts: Api<ServiceAccount> = Api::namespaced(client, namespace);
         let request = TokenRequest {
@@ -634,11 +696,7 @@ impl ControlPlane {
                     "the API server issued no token for service account {namespace}/{name}"
                 ))
             })?;
-        crate::cluster::write_private(
-            self.dir.path(),
-            file,
-            &kubeconfig_json(&self.server, &self.ca_pem, &KubeconfigUser::Token(&token)),
-        )
+        Ok(token)
     }
 
     /// Kills every process (scheduler first, etcd last) and waits for them.
@@ -660,7 +718,7 @@ impl Drop for ControlPlane {
 /// Makes the kernel kill the child when this process dies (a `SIGKILL`ed test run must leave no
 /// etcd or API server behind). Children are started from a tokio worker or the main thread,
 /// which live as long as the run: the signal follows the thread that forked.
-fn die_with_this_process(command: &mut Command) {
+pub(crate) fn die_with_this_process(command: &mut Command) {
     use std::os::unix::process::CommandExt as _;
     // SAFETY: the closure runs in the child between fork and exec and only makes one
     // async-signal-safe system call (prctl), allocating nothing and taking no lock.

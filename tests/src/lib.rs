@@ -24,6 +24,8 @@ mod error;
 #[cfg(feature = "k3s")]
 mod k3s;
 pub mod netns;
+pub mod node;
+pub mod oci_archive;
 pub mod plane_target;
 pub mod runner;
 pub mod scenarios;

@@ -9,8 +9,8 @@
 //! - `cluster up|down`: a kind + Cilium + Flux cluster running this checkout (see [`cluster`]);
 //! - `e2e`: the end-to-end suite against the simulated cluster, a kubeconfig's cluster or a
 //!   throwaway k3s (see [`e2e`]);
-//! - `tools`: build the Kubernetes control-plane binaries and etcd from their Go modules (see
-//!   [`tools`]).
+//! - `tools`: build the Kubernetes control-plane binaries and etcd from their Go modules, and
+//!   with `--node` a real node's binaries (see [`tools`]).
 
 mod cluster;
 mod crds;
@@ -133,12 +133,17 @@ enum Command {
     /// Build kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and etcd from the
     /// Go modules pinned in xtask/k8s-tools (once per machine and version), and print them.
     #[command(
-        after_help = "Examples:\n  cargo xtask tools                      # build what is missing; print paths and versions\n  export PATH=\"$(cargo xtask tools --print-bin-dir):$PATH\"\n\nThe binaries are cached in $AGENT_SANDBOX_TOOLS_DIR, else $XDG_CACHE_HOME/agent-sandbox/k8s-tools,\nelse ~/.cache/agent-sandbox/k8s-tools, in a directory named after the pinned versions."
+        after_help = "Examples:\n  cargo xtask tools                      # build what is missing; print paths and versions\n  export PATH=\"$(cargo xtask tools --print-bin-dir):$PATH\"\n  cargo xtask tools --node               # ... and the node's (kubelet, containerd, runsc, CNI, crictl, kube-network-policies)\n  export PATH=\"$(cargo xtask tools --node --print-bin-dir):$PATH\"   # both directories\n\nThe binaries are cached in $AGENT_SANDBOX_TOOLS_DIR, else $XDG_CACHE_HOME/agent-sandbox/k8s-tools,\nelse ~/.cache/agent-sandbox/k8s-tools, in a directory named after the pinned versions."
     )]
     Tools {
-        /// Print only the directory holding the binaries (progress still goes to stderr).
+        /// Print only the directory holding the binaries (progress still goes to stderr); with
+        /// `--node`, the node's and the control plane's directories joined by `:`.
         #[arg(long)]
         print_bin_dir: bool,
+        /// Also build the binaries of a real node (kubelet, containerd, runsc, CNI plugins,
+        /// crictl, kube-network-policies), pinned in xtask/k8s-tools and xtask/node-tools/*.
+        #[arg(long)]
+        node: bool,
     },
 }
 
@@ -286,7 +291,10 @@ fn run(cli: Cli) -> Result<()> {
             },
         ),
         Command::Cluster(ClusterCommand::Down { name }) => cluster::down(&root, &name),
-        Command::Tools { print_bin_dir } => tools::run(&root, print_bin_dir),
+        Command::Tools {
+            print_bin_dir,
+            node,
+        } => tools::run(&root, print_bin_dir, node),
         Command::E2e {
             sim: _,
             control_plane,

@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 
+pub(crate) mod node;
+
 /// The folder of the Go tools module, relative to the workspace root.
 pub(crate) const MODULE_DIR: &str = "xtask/k8s-tools";
 /// The folder of Helm's tools module.
@@ -35,7 +37,18 @@ pub(crate) struct Tool {
     /// Arguments that print its version.
     version_args: &'static [&'static str],
     /// The tools module it is built in.
-    module: &'static str,
+    pub(crate) module: &'static str,
+    /// How it is built: `CGO_ENABLED` and build tags.
+    pub(crate) build: Build,
+}
+
+/// How `go build` builds a tool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Build {
+    /// With the environment's defaults (the control plane, as it has always been built).
+    Default,
+    /// A static binary (`CGO_ENABLED=0`) with these build tags (comma-separated, may be empty).
+    Static { tags: &'static str },
 }
 
 /// Every binary, in build order (the API server first: it is the largest and shares most
@@ -46,36 +59,42 @@ pub(crate) const TOOLS: [Tool; 6] = [
         package: "k8s.io/kubernetes/cmd/kube-apiserver",
         version_args: &["--version"],
         module: MODULE_DIR,
+        build: Build::Default,
     },
     Tool {
         name: "kube-controller-manager",
         package: "k8s.io/kubernetes/cmd/kube-controller-manager",
         version_args: &["--version"],
         module: MODULE_DIR,
+        build: Build::Default,
     },
     Tool {
         name: "kube-scheduler",
         package: "k8s.io/kubernetes/cmd/kube-scheduler",
         version_args: &["--version"],
         module: MODULE_DIR,
+        build: Build::Default,
     },
     Tool {
         name: "kubectl",
         package: "k8s.io/kubernetes/cmd/kubectl",
         version_args: &["version", "--client"],
         module: MODULE_DIR,
+        build: Build::Default,
     },
     Tool {
         name: "etcd",
         package: "go.etcd.io/etcd/server/v3",
         version_args: &["--version"],
         module: MODULE_DIR,
+        build: Build::Default,
     },
     Tool {
         name: "helm",
         package: "helm.sh/helm/v4/cmd/helm",
         version_args: &["version", "--short"],
         module: HELM_MODULE_DIR,
+        build: Build::Default,
     },
 ];
 
@@ -143,6 +162,19 @@ pub(crate) fn pins(go_mod: &str) -> Result<Pins> {
 /// `-ldflags` that stamp the Kubernetes binaries with their release (a module build has no git
 /// metadata, so they would report `v0.0.0-master`), as the release build scripts do.
 pub(crate) fn version_ldflags(kubernetes: &str, helm: &str) -> String {
+    let mut flags = kubernetes_stamps(kubernetes);
+    // Helm's release builds stamp it the same way (its Makefile); a package a binary does not
+    // link is ignored by the linker.
+    flags.push(format!(
+        "-X helm.sh/helm/v4/internal/version.version={helm}"
+    ));
+    flags.push("-X helm.sh/helm/v4/internal/version.gitTreeState=clean".to_owned());
+    flags.push("-s -w".to_owned());
+    flags.join(" ")
+}
+
+/// The `-X` flags that stamp a Kubernetes binary with its release.
+pub(crate) fn kubernetes_stamps(kubernetes: &str) -> Vec<String> {
     let mut parts = kubernetes.trim_start_matches('v').split('.');
     let major = parts.next().unwrap_or("0");
     let minor = parts.next().unwrap_or("0");
@@ -156,14 +188,7 @@ pub(crate) fn version_ldflags(kubernetes: &str, helm: &str) -> String {
         flags.push(format!("-X {package}.gitMinor={minor}"));
         flags.push(format!("-X {package}.gitTreeState=clean"));
     }
-    // Helm's release builds stamp it the same way (its Makefile); a package a binary does not
-    // link is ignored by the linker.
-    flags.push(format!(
-        "-X helm.sh/helm/v4/internal/version.version={helm}"
-    ));
-    flags.push("-X helm.sh/helm/v4/internal/version.gitTreeState=clean".to_owned());
-    flags.push("-s -w".to_owned());
-    flags.join(" ")
+    flags
 }
 
 /// The directory under which every version's build is kept.
@@ -184,7 +209,7 @@ pub(crate) fn cache_root() -> Result<PathBuf> {
 
 /// FNV-1a over the module files and the Go version: a new pin, a new `go.sum` or another Go
 /// makes a new directory.
-fn fingerprint(parts: &[&[u8]]) -> String {
+pub(crate) fn fingerprint(parts: &[&[u8]]) -> String {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for part in parts {
         for byte in part.iter().chain(std::iter::once(&0xff)) {
@@ -213,7 +238,7 @@ impl Toolset {
 }
 
 /// `go version`'s version (`1.26.8`), or the one-line reason there is no usable Go.
-fn go_version() -> Result<String> {
+pub(crate) fn go_version() -> Result<String> {
     let missing = "the Go toolchain is missing: `go` is not on PATH. Install Go 1.26 or newer \
                    (https://go.dev/doc/install; Debian: apt-get install golang-go from bookworm-backports) \
                    and run `cargo xtask tools` again";
@@ -314,7 +339,7 @@ pub(crate) fn ensure(root: &Path) -> Result<Toolset> {
             tool,
             &staging.path().join("bin"),
             &ldflags,
-            index,
+            (index, TOOLS.len()),
         )?;
     }
     // Another build may have finished first; its result is as good as ours.
@@ -381,14 +406,29 @@ fn gateway_api_crds(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// `go build -v` of one tool, with a progress line every 15 s (packages compiled so far) and
-/// the compiler's own messages on failure.
-fn build_one(module: &Path, tool: &Tool, out: &Path, ldflags: &str, index: usize) -> Result<()> {
-    eprintln!("  [{}/{}] {}", index + 1, TOOLS.len(), tool.name);
+/// `go build -v` of one tool (the `index`th of `total`) into `out`, with a progress line every
+/// 15 s (packages compiled so far) and the compiler's own messages on failure.
+pub(crate) fn build_one(
+    module: &Path,
+    tool: &Tool,
+    out: &Path,
+    ldflags: &str,
+    (index, total): (usize, usize),
+) -> Result<()> {
+    eprintln!("  [{}/{total}] {}", index + 1, tool.name);
     let started = Instant::now();
-    let mut child = Command::new("go")
+    let mut command = Command::new("go");
+    command
         .current_dir(module)
-        .args(["build", "-v", "-trimpath", "-ldflags", ldflags, "-o"])
+        .args(["build", "-v", "-trimpath", "-ldflags", ldflags]);
+    if let Build::Static { tags } = tool.build {
+        command.env("CGO_ENABLED", "0");
+        if !tags.is_empty() {
+            command.args(["-tags", tags]);
+        }
+    }
+    let mut child = command
+        .arg("-o")
         .arg(out.join(tool.name))
         .arg(tool.package)
         // The module's go.sum is complete: a build must not rewrite it.
@@ -447,12 +487,17 @@ pub(crate) fn version_line(toolset: &Toolset, tool: &Tool) -> Result<String> {
     Ok(text.lines().next().unwrap_or_default().trim().to_owned())
 }
 
-/// `cargo xtask tools`: builds what is missing, then prints each binary's path and version
-/// (or only the directory with `print_bin_dir`, for `PATH`).
-pub(crate) fn run(root: &Path, print_bin_dir: bool) -> Result<()> {
+/// `cargo xtask tools [--node]`: builds what is missing, then prints each binary's path and
+/// version (or only the directories, for `PATH`: with `node`, the node's programs first, then
+/// the control plane's, joined by `:`).
+pub(crate) fn run(root: &Path, print_bin_dir: bool, with_node: bool) -> Result<()> {
     let toolset = ensure(root)?;
+    let node_toolset = with_node.then(|| node::ensure(root)).transpose()?;
     if print_bin_dir {
-        println!("{}", toolset.bin_dir.display());
+        match &node_toolset {
+            Some(node) => println!("{}:{}", node.bin_dir().display(), toolset.bin_dir.display()),
+            None => println!("{}", toolset.bin_dir.display()),
+        }
         return Ok(());
     }
     println!(
@@ -469,6 +514,28 @@ pub(crate) fn run(root: &Path, print_bin_dir: bool) -> Result<()> {
             toolset.path(tool.name).display(),
             version_line(&toolset, tool)?
         );
+    }
+    if let Some(node) = node_toolset {
+        let pins = &node.pins;
+        println!(
+            "node: kubelet {}, containerd {}, runsc {}, CNI plugins {}, crictl {}, \
+             kube-network-policies {} in {}",
+            pins.kubernetes,
+            pins.containerd,
+            pins.runsc,
+            pins.cni,
+            pins.crictl,
+            pins.network_policies,
+            node.dir.display()
+        );
+        for tool in &node::NODE_TOOLS {
+            println!(
+                "{:<24} {}  ({})",
+                tool.tool.name,
+                node.path(tool).display(),
+                node::version_line(&node, tool)?
+            );
+        }
     }
     Ok(())
 }

@@ -8,6 +8,10 @@ use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
+/// Debian's statically linked busybox (package `busybox-static`), which the node tier's test
+/// image carries.
+pub const BUSYBOX: &str = "/bin/busybox";
+
 /// Names of tools (`kubectl,userns`) a CI run knowingly lacks: they skip even under `CI=true`.
 pub const ALLOW_MISSING_ENV: &str = "AGENT_SANDBOX_TESTS_ALLOW_MISSING";
 
@@ -32,7 +36,28 @@ pub enum Tool {
     Slirp4netns,
     /// `helm` (lints and renders the chart), as `cargo xtask tools` builds it.
     Helm,
+    /// A real node as root: the control plane, the node's programs from `cargo xtask tools
+    /// --node` (`kubelet`, `containerd`, `runsc`, `crictl`, ... together on `PATH`, the CNI
+    /// plugins in `../cni` next to them), Debian's `runc`, `catatonit` and `busybox-static`.
+    Node,
+    /// nftables' `queue` statement (kernel `CONFIG_NFT_QUEUE`), with which
+    /// kube-network-policies hands a connection's first packet to its verdict: probed in a
+    /// network namespace of its own, as root.
+    NftQueue,
 }
+
+/// The programs of a real node that `cargo xtask tools --node` builds into one directory.
+const NODE_PROGRAMS: [&str; 7] = [
+    "kubelet",
+    "containerd",
+    "containerd-shim-runc-v2",
+    "ctr",
+    "runsc",
+    "crictl",
+    "kube-network-policies",
+];
+/// The CNI plugins it builds into `../cni` next to them.
+const CNI_PLUGINS: [&str; 4] = ["bridge", "host-local", "portmap", "loopback"];
 
 impl Tool {
     /// The program's name.
@@ -45,7 +70,20 @@ impl Tool {
             Self::PodNetworks => "nft",
             Self::Slirp4netns => "slirp4netns",
             Self::Helm => "helm",
+            Self::Node => "node-tools",
+            Self::NftQueue => "nft-queue",
         }
+    }
+
+    /// The directory of a real node's programs: the first on `PATH` that holds them all,
+    /// with the CNI plugins in `../cni`.
+    pub fn node_dir() -> Option<PathBuf> {
+        let path = std::env::var_os("PATH")?;
+        std::env::split_paths(&path).find(|dir| {
+            let cni = dir.parent().map(|parent| parent.join("cni"));
+            NODE_PROGRAMS.iter().all(|name| dir.join(name).is_file())
+                && cni.is_some_and(|cni| CNI_PLUGINS.iter().all(|name| cni.join(name).is_file()))
+        })
     }
 
     /// The directory of the control plane's binaries: where `kube-apiserver` is found on `PATH`,
@@ -86,6 +124,14 @@ impl Tool {
                 "run as root with iproute2, nftables and util-linux \
                  (apt-get install iproute2 nftables util-linux; bash .ci/run installs them)"
             }
+            Self::Node => {
+                "run as root; cargo xtask tools --node, then \
+                 export PATH=\"$(cargo xtask tools --node --print-bin-dir):$PATH\"; \
+                 apt-get install runc catatonit busybox-static (bash .ci/run does all of it)"
+            }
+            Self::NftQueue => {
+                "a kernel with CONFIG_NFT_QUEUE (nftables' queue statement), as root with nft"
+            }
         }
     }
 
@@ -105,6 +151,28 @@ impl Tool {
             Self::Slirp4netns => {
                 is_root() && runs("slirp4netns", &["--version"]) && runs("setpriv", &["--version"])
             }
+            Self::Node => {
+                is_root()
+                    && Self::control_plane_dir().is_some()
+                    && Self::node_dir().is_some()
+                    && runs("runc", &["--version"])
+                    && runs("catatonit", &["--version"])
+                    && std::path::Path::new(BUSYBOX).is_file()
+            }
+            Self::NftQueue => {
+                is_root()
+                    && runs(
+                        "unshare",
+                        &[
+                            "--net",
+                            "sh",
+                            "-c",
+                            "nft add table inet probe && nft add chain inet probe c \
+                             '{ type filter hook forward priority 0; }' && \
+                             nft add rule inet probe c queue num 100 bypass",
+                        ],
+                    )
+            }
         };
         (!works).then(|| match self {
             Self::Confinement => format!(
@@ -114,7 +182,31 @@ impl Tool {
             Self::ControlPlane => "kube-apiserver, kube-controller-manager, kube-scheduler, etcd \
                                    and kubectl are not together in a directory on PATH"
                 .to_owned(),
-            Self::PodNetworks | Self::Slirp4netns if !is_root() => {
+            Self::Node => format!(
+                "a real node needs root, the control plane and the node's programs on PATH, \
+                 runc, catatonit and {BUSYBOX}: {}",
+                [
+                    (!is_root()).then_some("not root"),
+                    Self::control_plane_dir()
+                        .is_none()
+                        .then_some("no control plane on PATH"),
+                    Self::node_dir()
+                        .is_none()
+                        .then_some("no node programs on PATH"),
+                    (!runs("runc", &["--version"])).then_some("no runc"),
+                    (!runs("catatonit", &["--version"])).then_some("no catatonit"),
+                    (!std::path::Path::new(BUSYBOX).is_file()).then_some("no busybox-static"),
+                ]
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>()
+                .join(", ")
+            ),
+            Self::NftQueue if is_root() => "this kernel has no nftables queue statement \
+                 (`nft add rule inet probe c queue num 100 bypass` fails: CONFIG_NFT_QUEUE is \
+                 not set), which kube-network-policies needs to enforce NetworkPolicies"
+                .to_owned(),
+            Self::PodNetworks | Self::Slirp4netns | Self::NftQueue if !is_root() => {
                 "the test makes network namespaces of its own, which needs root".to_owned()
             }
             Self::PodNetworks => format!(
