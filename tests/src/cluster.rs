@@ -26,6 +26,14 @@ pub enum Target {
     /// `cargo xtask tools`, found on `PATH`) with our kubelet as its node, set up by the suite
     /// as `deploy/` (or, with [`Install::Helm`], the Helm chart) sets up a cluster.
     ControlPlane(Install),
+    /// The control plane of [`Target::ControlPlane`] with a real node instead of our kubelet
+    /// (containerd with runc and gVisor, the real kubelet, kube-proxy, CNI: `cargo xtask tools
+    /// --node`, found on `PATH`), our system installed from `deploy/overlays/kind` with the
+    /// images of this OCI archive (`cargo xtask images --oci`; default [`env::IMAGES`]).
+    Node {
+        /// The archive to import into the node.
+        images: Option<PathBuf>,
+    },
     /// A throwaway k3s in Docker (feature `k3s`), with the images of this archive (`docker
     /// save`; default [`env::IMAGES`]).
     K3s {
@@ -42,6 +50,7 @@ impl Target {
             Self::Kubeconfig(path) => format!("the cluster of kubeconfig {}", path.display()),
             Self::ControlPlane(Install::Kustomize) => CONTROL_PLANE.to_owned(),
             Self::ControlPlane(Install::Helm) => format!("{CONTROL_PLANE}, installed with Helm"),
+            Self::Node { .. } => NODE_TIER.to_owned(),
             Self::K3s { .. } => "a throwaway k3s (testcontainers)".to_owned(),
         }
     }
@@ -53,6 +62,9 @@ impl Target {
             "" | "sim" => Ok(Self::Sim),
             "control-plane" => Ok(Self::ControlPlane(Install::Kustomize)),
             "control-plane-helm" => Ok(Self::ControlPlane(Install::Helm)),
+            "node" => Ok(Self::Node {
+                images: std::env::var_os(env::IMAGES).map(PathBuf::from),
+            }),
             "k3s" => Ok(Self::K3s {
                 images: std::env::var_os(env::IMAGES).map(PathBuf::from),
             }),
@@ -74,7 +86,7 @@ impl Target {
             }
             other => Err(Error::Config(format!(
                 "{}={other:?} is not a cluster kind: use sim, control-plane, control-plane-helm, \
-                 kubeconfig or k3s",
+                 node, kubeconfig or k3s",
                 env::CLUSTER
             ))),
         }
@@ -136,6 +148,9 @@ pub enum NetworkEnforcement {
 
 /// How [`Target::ControlPlane`] describes itself.
 const CONTROL_PLANE: &str = "the control-plane tier (kube-apiserver, etcd, kube-controller-manager, kube-scheduler; our kubelet as the node)";
+
+/// How [`Target::Node`] describes itself.
+const NODE_TIER: &str = "the node tier (kube-apiserver, etcd, kube-controller-manager, kube-scheduler; containerd with runc and gVisor, the real kubelet, kube-proxy and CNI as the node)";
 
 /// What keeps the cluster alive while the run lasts.
 enum Backing {
@@ -250,8 +265,12 @@ impl ClusterUnderTest {
                                 }),
                         )
                     })?;
-                let plane =
-                    crate::plane_target::PlaneCluster::start_with(&bin_dir, *install).await?;
+                let plane = crate::plane_target::PlaneCluster::start_with(
+                    &bin_dir,
+                    *install,
+                    crate::plane_target::NodeKind::Process,
+                )
+                .await?;
                 println!(
                     "e2e: {}; kubectl get deployment -A:\n{}",
                     match install {
@@ -270,6 +289,54 @@ impl ClusterUnderTest {
                          validates NetworkPolicies, but nothing enforces them"
                             .to_owned(),
                     ),
+                    Some(plane.router_url().to_owned()),
+                    plane.gateway(),
+                    Backing::ControlPlane(Box::new(plane)),
+                )
+            }
+            Target::Node { images } => {
+                let images = images.clone().ok_or_else(|| {
+                    Error::Config(format!(
+                        "the node tier needs our images: `cargo xtask images --oci DIR`, then \
+                         --images DIR/images.tar (or {}); `cargo xtask e2e --node` does both",
+                        env::IMAGES
+                    ))
+                })?;
+                let missing = || {
+                    Error::Config(
+                        agent_sandbox_local::testkit::Tool::Node
+                            .unavailable()
+                            .unwrap_or_else(|| "the node's programs are missing".to_owned()),
+                    )
+                };
+                let bin_dir =
+                    agent_sandbox_local::testkit::Tool::control_plane_dir().ok_or_else(missing)?;
+                let node_dir =
+                    agent_sandbox_local::testkit::Tool::node_dir().ok_or_else(missing)?;
+                let plane = crate::plane_target::PlaneCluster::start_with(
+                    &bin_dir,
+                    Install::Kustomize,
+                    crate::plane_target::NodeKind::Real {
+                        tools: node_dir,
+                        images: vec![images],
+                    },
+                )
+                .await?;
+                println!(
+                    "e2e: installed from deploy/overlays/kind; kubectl get deployment -A:\n{}",
+                    plane.deployments().trim_end()
+                );
+                let network = match agent_sandbox_local::testkit::Tool::NftQueue.unavailable() {
+                    None => NetworkEnforcement::Enforced,
+                    Some(why) => NetworkEnforcement::NotEnforced(format!(
+                        "kube-network-policies cannot enforce NetworkPolicies here: {why}"
+                    )),
+                };
+                (
+                    NODE_TIER.to_owned(),
+                    plane.client().await?,
+                    plane.kubeconfig(),
+                    network,
                     Some(plane.router_url().to_owned()),
                     plane.gateway(),
                     Backing::ControlPlane(Box::new(plane)),

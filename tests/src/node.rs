@@ -61,8 +61,9 @@ const STEP: Duration = Duration::from_secs(120);
 const COMMAND_WITHIN: Duration = Duration::from_secs(60);
 
 /// The programs from `cargo xtask tools --node`.
-const PROGRAMS: [&str; 7] = [
+const PROGRAMS: [&str; 8] = [
     "kubelet",
+    "kube-proxy",
     "containerd",
     "containerd-shim-runc-v2",
     "ctr",
@@ -230,6 +231,7 @@ impl RealNode {
                 .await?;
         }
         node.start_enforcer(plane).await?;
+        node.start_proxy(plane).await?;
         eprintln!(
             "e2e: node {NODE} ready in {:.1} s (containerd {}, {})",
             started.elapsed().as_secs_f64(),
@@ -516,6 +518,43 @@ state = "{root}/containerd-state"
                 ("KUBERNETES_SERVICE_PORT", port),
             ],
         )
+    }
+
+    /// kube-proxy in nftables mode, as the ServiceAccount `kube-system/kube-proxy` bound to the
+    /// API server's own `system:node-proxier` role: pods reach Services (the `kubernetes`
+    /// Service first of all, through which the controller and the router find the API server).
+    async fn start_proxy(&mut self, plane: &ControlPlane) -> Result<()> {
+        let rbac = json!({
+            "apiVersion": "v1",
+            "kind": "List",
+            "items": [
+                { "apiVersion": "v1", "kind": "ServiceAccount",
+                  "metadata": { "name": "kube-proxy", "namespace": "kube-system" } },
+                { "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                  "metadata": { "name": "e2e-kube-proxy" },
+                  "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:node-proxier" },
+                  "subjects": [{ "kind": "ServiceAccount", "name": "kube-proxy", "namespace": "kube-system" }] },
+            ],
+        });
+        plane
+            .kubectl_stdin(&["apply", "-f", "-"], &rbac.to_string())
+            .await?;
+        let kubeconfig = plane
+            .service_account_kubeconfig("kube-system", "kube-proxy", "kube-proxy.kubeconfig")
+            .await?;
+        let (range, prefix) = POD_NETWORK;
+        let args = vec![
+            format!("--kubeconfig={}", kubeconfig.display()),
+            "--proxy-mode=nftables".to_owned(),
+            format!("--hostname-override={NODE}"),
+            format!("--cluster-cidr={range}/{prefix}"),
+            // The conntrack table is the machine's: leave its size alone.
+            "--conntrack-max-per-core=0".to_owned(),
+            "--metrics-bind-address=127.0.0.1:0".to_owned(),
+            "--healthz-bind-address=127.0.0.1:0".to_owned(),
+            "--v=2".to_owned(),
+        ];
+        self.spawn("kube-proxy", &args, &[])
     }
 
     /// Starts one program of the node with its output in `<dir>/<name>.log`.

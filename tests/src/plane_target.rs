@@ -38,6 +38,7 @@ use kube::api::{ListParams, PostParams};
 
 use crate::control_plane::{ControlPlane, Tools};
 use crate::error::{Error, Result};
+use crate::node::{NodeTools, RealNode};
 
 /// The node's name.
 const NODE: &str = "node-1";
@@ -76,10 +77,35 @@ pub enum Install {
     Helm,
 }
 
+/// The node the control plane gets.
+#[derive(Clone, Debug, Default)]
+pub enum NodeKind {
+    /// Our process kubelet (`crates/kubelet`): the Deployments' images map to this workspace's
+    /// binaries, run as confined processes.
+    #[default]
+    Process,
+    /// A real node ([`crate::node::RealNode`]: containerd with runc and gVisor, the real
+    /// kubelet, kube-proxy, CNI), its programs in `tools` (`cargo xtask tools --node
+    /// --print-bin-dir`'s first directory), our images imported from these OCI archives
+    /// (`cargo xtask images --oci`).
+    Real {
+        /// The node programs' directory.
+        tools: PathBuf,
+        /// OCI image archives to import.
+        images: Vec<PathBuf>,
+    },
+}
+
+/// The node that runs the pods.
+enum RunningNode {
+    Process(Box<Kubelet>),
+    Real(Box<RealNode>),
+}
+
 /// The running installation; [`PlaneCluster::stop`] (or dropping it) ends every process.
 pub struct PlaneCluster {
     plane: ControlPlane,
-    kubelet: Kubelet,
+    node: RunningNode,
     router_url: String,
     gateway: Option<(String, String)>,
     deployments: String,
@@ -117,11 +143,11 @@ impl PlaneCluster {
     /// Starts the control plane from the binaries in `bin_dir` and installs our system on it
     /// with kustomize. Must run inside the network namespace of [`crate::netns::run_inside`].
     pub async fn start(bin_dir: &Path) -> Result<Self> {
-        Self::start_with(bin_dir, Install::Kustomize).await
+        Self::start_with(bin_dir, Install::Kustomize, NodeKind::Process).await
     }
 
-    /// [`PlaneCluster::start`], installing as `install` says.
-    pub async fn start_with(bin_dir: &Path, install: Install) -> Result<Self> {
+    /// [`PlaneCluster::start`], installing as `install` says, on the node `node` says.
+    pub async fn start_with(bin_dir: &Path, install: Install, node: NodeKind) -> Result<Self> {
         if !crate::netns::inside() {
             return Err(Error::Config(
                 "the control-plane tier runs in a network namespace of its own: start it \
@@ -129,8 +155,21 @@ impl PlaneCluster {
                     .to_owned(),
             ));
         }
-        let images = images()?;
-        let plane = ControlPlane::start(Tools::in_dir(bin_dir)?, NODE).await?;
+        let tools = Tools::in_dir(bin_dir)?;
+        let (plane, real) = match &node {
+            NodeKind::Process => (ControlPlane::start(tools, NODE).await?, None),
+            NodeKind::Real {
+                tools: node_tools,
+                images,
+            } => {
+                let address = crate::node::NODE_IP.to_string();
+                let plane = ControlPlane::start_for_node_at(tools, NODE, &[&address]).await?;
+                let real = RealNode::start(&plane, NodeTools::in_dir(node_tools)?).await?;
+                let archives: Vec<&Path> = images.iter().map(PathBuf::as_path).collect();
+                real.import_images(&archives).await?;
+                (plane, Some(real))
+            }
+        };
         let admin = plane.client().await?;
         let gateway_crds = gateway_api_crds(bin_dir);
         if let Some(dir) = &gateway_crds {
@@ -154,46 +193,10 @@ impl PlaneCluster {
             Install::Helm => install_with_helm(&plane, &admin).await?,
         };
 
-        let api: SocketAddr = plane
-            .server()
-            .trim_start_matches("https://")
-            .parse()
-            .map_err(|e| Error::Config(format!("the API server's address: {e}")))?;
-        let credentials = plane.node().clone();
-        let (network, prefix) = crate::netns::POD_NETWORK;
-        let kubelet = Kubelet::new(
-            plane.node_client().await?,
-            KubeletConfig {
-                images,
-                // Confined, as on the sim: the Deployments' volumes (Secrets and tokens at
-                // absolute paths) need pods with roots of their own.
-                isolation: Isolation::Confined,
-                api: Some(ApiServing {
-                    listen: ([127, 0, 0, 1], 0).into(),
-                    cert: credentials.serving_cert.clone(),
-                    key: credentials.serving_key.clone(),
-                    client_ca: credentials.client_ca.clone(),
-                }),
-                kubernetes_service: Some(api),
-                pod_network: PodNetwork::Local { network, prefix },
-                // Room for every pod the suite and the benches make (the template asks 250m
-                // each, the controller and the routers 350m): this node enforces no requests,
-                // and with a machine's 2 CPUs the scheduler would leave claims Pending.
-                capacity: NodeCapacity {
-                    cpu: "64".to_owned(),
-                    memory: "256Gi".to_owned(),
-                    pods: 1000,
-                    ..NodeCapacity::default()
-                },
-                ..KubeletConfig::new(NODE, &plane.dir().join("kubelet"))
-            },
-        )
-        .map_err(|e| Error::Config(format!("cannot start the kubelet: {e}")))?;
-        kubelet
-            .start()
-            .await
-            .map_err(|e| Error::Config(format!("the kubelet did not join: {e}")))?;
-        wait_node_ready(&admin).await?;
+        let node = match real {
+            Some(real) => RunningNode::Real(Box::new(real)),
+            None => RunningNode::Process(Box::new(start_process_kubelet(&plane, &admin).await?)),
+        };
 
         for namespace in [wire::SYSTEM_NAMESPACE, wire::DEFAULT_SANDBOX_NAMESPACE] {
             plane
@@ -206,12 +209,23 @@ impl PlaneCluster {
                     &format!("--namespace={namespace}"),
                 ])
                 .await
-                .map_err(|error| with_pods_of(error, plane.dir()))?;
+                .map_err(|error| match &node {
+                    RunningNode::Process(_) => with_pods_of(error, plane.dir()),
+                    RunningNode::Real(real) => with_node_logs(error, real),
+                })?;
         }
         let deployments = plane
             .kubectl(&["get", "deployment", "-o", "wide", "--all-namespaces"])
             .await?;
-        let restart = a_killed_container_restarts(&admin).await?;
+        let restart = match &node {
+            // Our kubelet's own check: a killed container restarts in its pod.
+            RunningNode::Process(_) => a_killed_container_restarts(&admin).await?,
+            RunningNode::Real(real) => format!(
+                "crictl ps (runtime handlers per pod: crictl pods):\n{}{}",
+                real.crictl_ps().await?,
+                real.crictl(&["pods"]).await?
+            ),
+        };
         let deployments = format!("{installed}{deployments}{restart}\n");
         let router_ip = ready_router_ip(&admin).await?;
         let router_url = format!("http://{router_ip}:{}", wire::ROUTER_PORT);
@@ -234,7 +248,7 @@ impl PlaneCluster {
         };
         Ok(Self {
             plane,
-            kubelet,
+            node,
             router_url,
             gateway,
             deployments,
@@ -273,11 +287,69 @@ impl PlaneCluster {
         &self.deployments
     }
 
-    /// Ends the kubelet (and so every pod) and the control plane.
+    /// The real node, on [`NodeKind::Real`].
+    pub fn real_node(&self) -> Option<&RealNode> {
+        match &self.node {
+            RunningNode::Real(real) => Some(real),
+            RunningNode::Process(_) => None,
+        }
+    }
+
+    /// Ends the node (and so every pod) and the control plane.
     pub async fn stop(mut self) {
-        self.kubelet.stop().await;
+        match &mut self.node {
+            RunningNode::Process(kubelet) => kubelet.stop().await,
+            RunningNode::Real(real) => real.stop(),
+        }
         self.plane.stop();
     }
+}
+
+/// Our kubelet joined as the node with its own credentials, serving the kubelet API; returns
+/// once the Node is Ready.
+async fn start_process_kubelet(plane: &ControlPlane, admin: &kube::Client) -> Result<Kubelet> {
+    let images = images()?;
+    let api: SocketAddr = plane
+        .server()
+        .trim_start_matches("https://")
+        .parse()
+        .map_err(|e| Error::Config(format!("the API server's address: {e}")))?;
+    let credentials = plane.node().clone();
+    let (network, prefix) = crate::netns::POD_NETWORK;
+    let kubelet = Kubelet::new(
+        plane.node_client().await?,
+        KubeletConfig {
+            images,
+            // Confined, as on the sim: the Deployments' volumes (Secrets and tokens at
+            // absolute paths) need pods with roots of their own.
+            isolation: Isolation::Confined,
+            api: Some(ApiServing {
+                listen: ([127, 0, 0, 1], 0).into(),
+                cert: credentials.serving_cert.clone(),
+                key: credentials.serving_key.clone(),
+                client_ca: credentials.client_ca.clone(),
+            }),
+            kubernetes_service: Some(api),
+            pod_network: PodNetwork::Local { network, prefix },
+            // Room for every pod the suite and the benches make (the template asks 250m
+            // each, the controller and the routers 350m): this node enforces no requests,
+            // and with a machine's 2 CPUs the scheduler would leave claims Pending.
+            capacity: NodeCapacity {
+                cpu: "64".to_owned(),
+                memory: "256Gi".to_owned(),
+                pods: 1000,
+                ..NodeCapacity::default()
+            },
+            ..KubeletConfig::new(NODE, &plane.dir().join("kubelet"))
+        },
+    )
+    .map_err(|e| Error::Config(format!("cannot start the kubelet: {e}")))?;
+    kubelet
+        .start()
+        .await
+        .map_err(|e| Error::Config(format!("the kubelet did not join: {e}")))?;
+    wait_node_ready(admin).await?;
+    Ok(kubelet)
 }
 
 /// Installs our system from the chart: its render goes through the API server's strict
@@ -410,6 +482,17 @@ fn with_pods_of(error: Error, dir: &Path) -> Error {
     Error::Config(format!(
         "{error}\n(the pods' logs are under {}; run with --keep to inspect)",
         logs.display()
+    ))
+}
+
+/// Adds the ends of the real node's kubelet and containerd logs to a failed wait.
+fn with_node_logs(error: Error, node: &RealNode) -> Error {
+    Error::Config(format!(
+        "{error}\n(the node's files are under {}; run with --keep to inspect)\nthe end of the \
+         kubelet's log:\n{}\nthe end of containerd's log:\n{}",
+        node.dir().display(),
+        node.log_tail("kubelet", 30),
+        node.log_tail("containerd", 15)
     ))
 }
 

@@ -29,6 +29,20 @@ struct Args {
     target: Option<Target>,
     /// Leave the cluster the suite started running after the report, until Ctrl-C.
     keep: bool,
+    /// `--images PATH`: the image archive of `--k3s` (the default target of the flag) or
+    /// `--node`.
+    images: Option<std::path::PathBuf>,
+}
+
+/// `--images PATH` goes to `--node`'s target, else to `--k3s`'s (which it implies).
+fn with_images(mut parsed: Args) -> Args {
+    if let Some(path) = parsed.images.take() {
+        parsed.target = Some(match parsed.target {
+            Some(Target::Node { .. }) => Target::Node { images: Some(path) },
+            _ => Target::K3s { images: Some(path) },
+        });
+    }
+    parsed
 }
 
 /// `--helm` after (or before) `--control-plane`: the tier installs with the Helm chart.
@@ -58,6 +72,7 @@ fn parse(args: impl Iterator<Item = String>) -> Result<Args, String> {
                     crate::plane_target::Install::Kustomize,
                 ));
             }
+            "--node" => parsed.target = Some(Target::Node { images: None }),
             "--helm" => helm = true,
             "--k3s" => {
                 if !matches!(parsed.target, Some(Target::K3s { .. })) {
@@ -72,9 +87,7 @@ fn parse(args: impl Iterator<Item = String>) -> Result<Args, String> {
                 let path = args
                     .next()
                     .ok_or("--images needs the path of an image archive")?;
-                parsed.target = Some(Target::K3s {
-                    images: Some(path.into()),
-                });
+                parsed.images = Some(path.into());
             }
             "--jobs" => {
                 let value = args.next().ok_or("--jobs needs a number")?;
@@ -96,7 +109,7 @@ fn parse(args: impl Iterator<Item = String>) -> Result<Args, String> {
             filter => parsed.filters.push(filter.to_owned()),
         }
     }
-    with_helm(parsed, helm)
+    with_helm(with_images(parsed), helm)
 }
 
 fn jobs(args: &Args) -> usize {
@@ -115,24 +128,25 @@ enum Outcome {
 }
 
 /// Runs the suite with the process's arguments and environment; returns the exit code.
-/// Whether this run targets the control-plane tier (which runs in a network namespace of its
-/// own: [`crate::netns`]); `e2e.rs` asks before it starts any thread.
-pub fn wants_own_network() -> bool {
-    let Ok(args) = parse(std::env::args().skip(1)) else {
-        return false;
-    };
+/// The namespaces this run needs of its own, if any ([`crate::netns`]): the control-plane tier
+/// a network namespace with the pod range routed locally, the node tier a real node's layout;
+/// the simulated cluster the former where this machine gives its pods networks of their own
+/// (NetworkPolicies enforced, the network scenarios run: the bridge that takes, and the
+/// "internet", in the run's own namespace). `e2e.rs` asks before it starts any thread.
+pub fn own_namespaces() -> Option<crate::netns::Layout> {
+    use crate::netns::Layout;
+    let args = parse(std::env::args().skip(1)).ok()?;
     if args.list {
-        return false;
+        return None;
     }
     match args.target.map_or_else(Target::from_env, Ok) {
-        Ok(Target::ControlPlane(_)) => true,
-        // The simulated cluster's pods get networks of their own where this machine allows
-        // (NetworkPolicies enforced, the network scenarios run): the bridge that takes, and the
-        // "internet", in the run's own namespace.
+        Ok(Target::ControlPlane(_)) => Some(Layout::LocalPodRange),
+        Ok(Target::Node { .. }) => Some(Layout::Node),
         Ok(Target::Sim) => agent_sandbox_local::testkit::Tool::PodNetworks
             .unavailable()
-            .is_none(),
-        _ => false,
+            .is_none()
+            .then_some(Layout::LocalPodRange),
+        _ => None,
     }
 }
 
