@@ -32,7 +32,7 @@ use agent_sandbox_local::wait::{Check, wait_for};
 use crate::error::{Error, Result};
 
 /// The service CIDR (the `kubernetes` Service gets its first address).
-const SERVICE_CIDR: &str = "10.96.0.0/16";
+pub(crate) const SERVICE_CIDR: &str = "10.96.0.0/16";
 /// The issuer of service-account tokens.
 const SERVICE_ACCOUNT_ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
 /// How long the API server may take to become ready (it is usually ready in 3 to 10 s).

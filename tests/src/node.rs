@@ -265,7 +265,13 @@ impl RealNode {
                     "ipam": {
                         "type": "host-local",
                         "ranges": [[{ "subnet": format!("{subnet}/{prefix}"), "gateway": POD_GATEWAY.to_string() }]],
-                        "routes": [{ "dst": format!("{range}/{range_prefix}") }, { "dst": format!("{NODE_IP}/32") }],
+                        "routes": [
+                            { "dst": format!("{range}/{range_prefix}") },
+                            { "dst": format!("{NODE_IP}/32") },
+                            // Services' virtual IPs, which kube-proxy's rules on the node
+                            // translate (the `kubernetes` Service above all).
+                            { "dst": crate::control_plane::SERVICE_CIDR },
+                        ],
                         "dataDir": self.dir.path().join("cni-leases"),
                     },
                 },
