@@ -199,7 +199,7 @@ impl PlaneCluster {
         };
 
         for namespace in [wire::SYSTEM_NAMESPACE, wire::DEFAULT_SANDBOX_NAMESPACE] {
-            plane
+            let waited = plane
                 .kubectl(&[
                     "wait",
                     "--for=condition=Available",
@@ -208,11 +208,16 @@ impl PlaneCluster {
                     "--all",
                     &format!("--namespace={namespace}"),
                 ])
-                .await
-                .map_err(|error| match &node {
+                .await;
+            if let Err(error) = waited {
+                return Err(match &node {
                     RunningNode::Process(_) => with_pods_of(error, plane.dir()),
-                    RunningNode::Real(real) => with_node_logs(error, real),
-                })?;
+                    RunningNode::Real(real) => {
+                        let containers = containers_logs(&plane, namespace).await;
+                        with_node_logs(error, real, &containers)
+                    }
+                });
+            }
         }
         let deployments = plane
             .kubectl(&["get", "deployment", "-o", "wide", "--all-namespaces"])
@@ -486,14 +491,47 @@ fn with_pods_of(error: Error, dir: &Path) -> Error {
 }
 
 /// Adds the ends of the real node's kubelet and containerd logs to a failed wait.
-fn with_node_logs(error: Error, node: &RealNode) -> Error {
+fn with_node_logs(error: Error, node: &RealNode, containers: &str) -> Error {
     Error::Config(format!(
-        "{error}\n(the node's files are under {}; run with --keep to inspect)\nthe end of the \
-         kubelet's log:\n{}\nthe end of containerd's log:\n{}",
+        "{error}\n(the node's files are under {}; run with --keep to inspect)\nthe containers' \
+         logs:\n{containers}\nthe end of the kubelet's log:\n{}\nthe end of containerd's log:\n{}",
         node.dir().display(),
         node.log_tail("kubelet", 30),
         node.log_tail("containerd", 15)
     ))
+}
+
+/// The end of every container's log in `namespace` (its previous run's, when it restarted),
+/// through the API server as `kubectl logs` shows them.
+async fn containers_logs(plane: &ControlPlane, namespace: &str) -> String {
+    let pods = match plane
+        .kubectl(&["get", "pods", "-n", namespace, "-o", "name"])
+        .await
+    {
+        Ok(pods) => pods,
+        Err(error) => return format!("(pods of {namespace}: {error})"),
+    };
+    let mut logs = String::new();
+    for pod in pods.lines().filter(|line| !line.is_empty()) {
+        let tail = [
+            "logs",
+            "-n",
+            namespace,
+            pod,
+            "--all-containers",
+            "--tail=15",
+        ];
+        let previous = [&tail[..], &["--previous"]].concat();
+        let text = match plane.kubectl(&previous).await {
+            Ok(text) => text,
+            Err(_) => plane
+                .kubectl(&tail)
+                .await
+                .unwrap_or_else(|error| error.to_string()),
+        };
+        logs.push_str(&format!("--- {namespace}/{pod}:\n{text}\n"));
+    }
+    logs
 }
 
 /// A container of a Deployment's pod that dies is restarted in place, as on a node: the
