@@ -494,10 +494,12 @@ fn with_pods_of(error: Error, dir: &Path) -> Error {
 fn with_node_logs(error: Error, node: &RealNode, containers: &str) -> Error {
     Error::Config(format!(
         "{error}\n(the node's files are under {}; run with --keep to inspect)\nthe containers' \
-         logs:\n{containers}\nthe end of the kubelet's log:\n{}\nthe end of containerd's log:\n{}",
+         logs:\n{containers}\nthe end of the kubelet's log:\n{}\nthe end of containerd's log:\n{}\n\
+         the end of kube-proxy's log:\n{}",
         node.dir().display(),
         node.log_tail("kubelet", 30),
-        node.log_tail("containerd", 15)
+        node.log_tail("containerd", 15),
+        node.log_tail("kube-proxy", 15)
     ))
 }
 
