@@ -31,6 +31,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use serde_json::json;
 
+use agent_sandbox_local::testkit::{CNI_PLUGINS, NODE_PROGRAMS};
 use agent_sandbox_local::wait::{Check, wait_for};
 
 use crate::control_plane::{ControlPlane, die_with_this_process, log_tail};
@@ -60,20 +61,6 @@ const STEP: Duration = Duration::from_secs(120);
 /// Bound on each command the node runs (`ctr`, `crictl`).
 const COMMAND_WITHIN: Duration = Duration::from_secs(60);
 
-/// The programs from `cargo xtask tools --node`.
-const PROGRAMS: [&str; 8] = [
-    "kubelet",
-    "kube-proxy",
-    "containerd",
-    "containerd-shim-runc-v2",
-    "ctr",
-    "runsc",
-    "crictl",
-    "kube-network-policies",
-];
-/// The CNI plugins, in `<bin>/../cni`.
-const CNI_PLUGINS: [&str; 4] = ["bridge", "host-local", "portmap", "loopback"];
-
 /// The node's binaries: those `cargo xtask tools --node` builds (programs in one directory,
 /// CNI plugins in `../cni` next to it) and Debian's `runc` and `catatonit`.
 #[derive(Clone, Debug)]
@@ -93,7 +80,7 @@ impl NodeTools {
             .parent()
             .map(|parent| parent.join("cni"))
             .unwrap_or_default();
-        for path in PROGRAMS
+        for path in NODE_PROGRAMS
             .iter()
             .map(|name| bin_dir.join(name))
             .chain(CNI_PLUGINS.iter().map(|name| cni_dir.join(name)))

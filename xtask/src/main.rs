@@ -77,7 +77,7 @@ enum Command {
         #[arg(long, value_name = "DIR", conflicts_with_all = ["push", "pin_release", "lock"])]
         oci: Option<PathBuf>,
         /// Build nothing: resolve the Debian packages of --oci from the APT index and write
-        /// their lock file (xtask/images/debian-bookworm-<arch>.lock).
+        /// their lock file (`xtask/images/debian-bookworm-<arch>.lock`).
         #[arg(long, conflicts_with_all = ["registry", "push", "pin_release"])]
         lock: bool,
         /// Tag of every image.

@@ -1,7 +1,7 @@
 //! `cargo xtask images --oci DIR`: the controller, router and runtime images as OCI image
 //! archives, with no Docker engine and no registry: the release binaries built by cargo, on
 //! layers unpacked from the Debian 12 packages pinned in the lock file
-//! ([`debian`](super::debian)), written as [`layout`](super::layout) archives that
+//! ([`debian`]), written as [`layout`] archives that
 //! `ctr -n k8s.io images import` loads under the names a pod references.
 //!
 //! Layers, lowest first: `base` (distroless's `cc` equivalent, shared by all three images),

@@ -32,7 +32,7 @@ pub use agent_sandbox_sim::test_support::pod_visible_dir;
 pub use fake_router::{FakeBody, FakeBoxError, FakeRequest, FakeRouter, ready_claim};
 pub use netns::{INTERNET_ADDRESS, Internet, own_network_command};
 pub use outputs::{assert_configuration_error, one_error_line, tree};
-pub use tools::{ALLOW_MISSING_ENV, BUSYBOX, LEDGER, Tool, missing};
+pub use tools::{ALLOW_MISSING_ENV, BUSYBOX, CNI_PLUGINS, LEDGER, NODE_PROGRAMS, Tool, missing};
 
 pub use crate::defaults::{
     DEFAULT_NAMESPACE as NAMESPACE, DEFAULT_POOL as POOL, DEFAULT_TEMPLATE as TEMPLATE, GATEWAY,

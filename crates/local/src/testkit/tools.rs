@@ -47,7 +47,7 @@ pub enum Tool {
 }
 
 /// The programs of a real node that `cargo xtask tools --node` builds into one directory.
-const NODE_PROGRAMS: [&str; 8] = [
+pub const NODE_PROGRAMS: [&str; 8] = [
     "kubelet",
     "kube-proxy",
     "containerd",
@@ -58,7 +58,7 @@ const NODE_PROGRAMS: [&str; 8] = [
     "kube-network-policies",
 ];
 /// The CNI plugins it builds into `../cni` next to them.
-const CNI_PLUGINS: [&str; 4] = ["bridge", "host-local", "portmap", "loopback"];
+pub const CNI_PLUGINS: [&str; 4] = ["bridge", "host-local", "portmap", "loopback"];
 
 impl Tool {
     /// The program's name.
