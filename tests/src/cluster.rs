@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use agent_sandbox::{ClientOptions, ConnectionMode};
 use agent_sandbox_api::{Sandbox, SandboxClaim, SandboxTemplate, SandboxWarmPool, wire};
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{DeleteParams, ListParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt as _};
 
 use crate::env;
@@ -137,6 +137,28 @@ impl std::fmt::Debug for RouterAccess {
     }
 }
 
+/// A template and pool the suite runs its scenarios on, once per pass.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pass {
+    /// The SandboxTemplate.
+    pub template: String,
+    /// Its SandboxWarmPool.
+    pub pool: String,
+    /// The RuntimeClass its pods run under (`None`: the node's default runtime).
+    pub runtime_class: Option<String>,
+}
+
+impl Pass {
+    /// `deploy/sandboxes-gvisor`'s: `deploy/sandboxes`' names with its `nameSuffix`.
+    fn gvisor(template: &str, pool: &str) -> Self {
+        Self {
+            template: format!("{template}-gvisor"),
+            pool: format!("{pool}-gvisor"),
+            runtime_class: Some("gvisor".to_owned()),
+        }
+    }
+}
+
 /// Whether the cluster's network enforces NetworkPolicies (the network probe needs it).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NetworkEnforcement {
@@ -177,6 +199,11 @@ pub struct ClusterUnderTest {
     pub template: String,
     /// Its SandboxWarmPool.
     pub pool: String,
+    /// The RuntimeClass the template's pods run under (`None`: the node's default runtime).
+    pub runtime_class: Option<String>,
+    /// The pools of the run's further passes, after the first on [`Self::pool`]: on the node
+    /// tier, `deploy/sandboxes-gvisor`'s.
+    further_passes: Vec<Pass>,
     /// How to reach the router.
     pub router: RouterAccess,
     /// Whether NetworkPolicies are enforced.
@@ -230,6 +257,10 @@ impl ClusterUnderTest {
         let pool = setting(env::POOL, agent_sandbox_local::DEFAULT_POOL);
         let scratch = scratch_dir()?;
         let router_namespace = wire::SYSTEM_NAMESPACE.to_owned();
+        let further_passes = match target {
+            Target::Node { .. } => vec![Pass::gvisor(&template, &pool)],
+            _ => Vec::new(),
+        };
         let (description, kube, kubeconfig, network, url, gateway, backing) = match target {
             Target::Sim => {
                 let sim = crate::sim::start().await?;
@@ -407,6 +438,8 @@ impl ClusterUnderTest {
             namespace,
             template,
             pool,
+            runtime_class: None,
+            further_passes,
             router: RouterAccess {
                 namespace: router_namespace,
                 url,
@@ -461,6 +494,47 @@ impl ClusterUnderTest {
             );
         }
         Ok(())
+    }
+
+    /// The passes after the first (see [`Self::switch_to`]).
+    pub fn further_passes(&self) -> &[Pass] {
+        &self.further_passes
+    }
+
+    /// The next pass: the pool of the pass before is scaled to none (a small node holds one
+    /// pool's members besides the scenarios' own), `pass`'s pool is installed, and the
+    /// scenarios claim from it once it is Ready.
+    pub async fn switch_to(&mut self, pass: &Pass) -> Result<()> {
+        let pools: Api<SandboxWarmPool> = self.api();
+        pools
+            .patch(
+                &self.pool,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({ "spec": { "replicas": 0 } })),
+            )
+            .await
+            .map_err(Error::kube(format!("scale pool {} to 0", self.pool)))?;
+        match (&self.backing, pass.runtime_class.as_deref()) {
+            (Backing::ControlPlane(plane), Some("gvisor")) => {
+                plane.apply_gvisor_sandboxes().await?
+            }
+            _ => {
+                return Err(Error::Config(format!(
+                    "{} has no pass on RuntimeClass {:?}",
+                    self.description, pass.runtime_class
+                )));
+            }
+        }
+        self.template.clone_from(&pass.template);
+        self.pool.clone_from(&pass.pool);
+        self.runtime_class.clone_from(&pass.runtime_class);
+        self.preflight().await
+    }
+
+    /// Whether sandboxes run on this machine's kernel unless their RuntimeClass brings its own
+    /// (the simulated cluster and the tiers the suite starts; not a kubeconfig's cluster).
+    pub fn nodes_share_this_kernel(&self) -> bool {
+        !matches!(self.backing, Backing::External)
     }
 
     /// An API handle in the run's namespace.

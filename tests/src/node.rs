@@ -58,6 +58,10 @@ const CRI_NAMESPACE: &str = "k8s.io";
 pub const RUNTIME_CLASSES: [&str; 2] = ["runc", "gvisor"];
 /// Within this, each step of the start is done (usually in well under a tenth).
 const STEP: Duration = Duration::from_secs(120);
+/// kube-proxy's health and metrics addresses (in the node's network namespace).
+const PROXY_HEALTHZ: &str = "127.0.0.1:10256";
+const PROXY_METRICS: &str = "127.0.0.1:10249";
+
 /// Bound on each command the node runs (`ctr`, `crictl`).
 const COMMAND_WITHIN: Duration = Duration::from_secs(60);
 
@@ -339,23 +343,75 @@ state = "{root}/containerd-state"
         self.ctr(&["version"]).await.map(drop)
     }
 
-    /// The `gvisor` handler's `BinaryName`: the real `runsc`, with the output of `runsc start`
-    /// sent to `<dir>/runsc-start.log`. containerd's runc shim reads what `start` prints
-    /// through a pipe until every writer has closed it, and `runsc start` gives a pod's
-    /// (second and later) container that very stdio, so the shim would wait for the container
-    /// to end and the kubelet's StartContainer would time out. Every other subcommand (`state`,
-    /// `create`, `kill`, ...) keeps its stdio: the shim parses what they print.
+    /// The `gvisor` handler's `BinaryName`: the real `runsc`, adapted to containerd's runc
+    /// shim, which gVisor's own shim (`containerd-shim-runsc-v1`) would not need; that shim
+    /// cannot run here (it sets its OOM score to -999, which needs `CAP_SYS_RESOURCE`, absent
+    /// from this machine's bounding set). Two things differ from runc:
+    /// - `runsc create` writes the *sandbox's* PID into `--pid-file` for every container of a
+    ///   pod, so the shim would never see a container's own exit (its pod stays Terminating).
+    ///   For a pod's container (not its pause container) the adapter starts a watcher in its
+    ///   place: it waits until the container has started, then `runsc wait`s for it and exits
+    ///   with its exit status; the shim, the reaper of the watcher, takes that as the
+    ///   container's exit.
+    /// - `runsc start` gives a pod's container its own stdio, and the shim reads what `start`
+    ///   prints until every writer has closed it (it would wait for the container to end). The
+    ///   watcher holds the stdio `create` got (the container's pipes, which the shim copies to
+    ///   the kubelet's log), and `start` runs with those; the pause container's `start` prints
+    ///   to `<dir>/runsc-start.log`.
+    ///
+    /// Every other subcommand (`state`, `kill`, `delete`, ...) runs as is.
     fn runsc_adapter(&self) -> Result<PathBuf> {
         use std::os::unix::fs::PermissionsExt as _;
         let path = self.dir.path().join("runsc-under-runc-shim");
+        let watchers = self.dir.path().join("runsc-watchers");
+        std::fs::create_dir_all(&watchers).map_err(Error::io("create", &watchers))?;
         let script = format!(
-            "#!/bin/sh\n\
-             for arg in \"$@\"; do\n\
-             \x20 if [ \"$arg\" = start ]; then exec >>'{log}' 2>&1; break; fi\n\
-             done\n\
-             exec '{runsc}' \"$@\"\n",
+            r#"#!/bin/sh
+runsc='{runsc}'
+watchers='{watchers}'
+globals='' sub='' bundle='' pidfile='' previous=''
+for arg in "$@"; do
+  if [ -z "$sub" ]; then
+    case "$arg" in create|start) sub=$arg ;; *) globals="$globals $arg" ;; esac
+  fi
+  case "$previous" in --bundle|-b) bundle=$arg ;; --pid-file) pidfile=$arg ;; esac
+  previous=$arg
+  id=$arg
+done
+case "$sub" in
+create)
+  "$runsc" "$@" || exit
+  if [ -n "$pidfile" ] && grep -q '"io.kubernetes.cri.container-type": *"container"' "$bundle/config.json"; then
+    # An asynchronous list's stdin is /dev/null: the container's is kept on fd 3 for it.
+    exec 3<&0
+    (
+      exec 0<&3 3<&-
+      until state=$("$runsc" $globals state "$id" 2>/dev/null)         && ! printf '%s' "$state" | grep -q '"status": *"created"'; do
+        [ -n "$state" ] || exit 255
+        sleep 0.1
+      done
+      status=$("$runsc" $globals wait "$id" 2>/dev/null | sed -n 's/.*"exitStatus": *\([0-9]*\).*//p')
+      exit "${{status:-255}}"
+    ) &
+    printf '%s' $! > "$watchers/$id"
+    printf '%s' $! > "$pidfile"
+  fi
+  ;;
+start)
+  if [ -f "$watchers/$id" ]; then
+    watcher=$(cat "$watchers/$id")
+    exec "$runsc" "$@" </proc/$watcher/fd/0 >/proc/$watcher/fd/1 2>/proc/$watcher/fd/2
+  fi
+  exec "$runsc" "$@" >>'{log}' 2>&1
+  ;;
+*)
+  exec "$runsc" "$@"
+  ;;
+esac
+"#,
             log = self.dir.path().join("runsc-start.log").display(),
-            runsc = self.tools.path("runsc").display()
+            runsc = self.tools.path("runsc").display(),
+            watchers = watchers.display(),
         );
         std::fs::write(&path, script).map_err(Error::io("write", &path))?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
@@ -543,11 +599,25 @@ state = "{root}/containerd-state"
             format!("--cluster-cidr={range}/{prefix}"),
             // The conntrack table is the machine's: leave its size alone.
             "--conntrack-max-per-core=0".to_owned(),
-            "--metrics-bind-address=127.0.0.1:0".to_owned(),
-            "--healthz-bind-address=127.0.0.1:0".to_owned(),
+            // The node has a network namespace of its own: fixed ports cannot collide.
+            format!("--metrics-bind-address={PROXY_METRICS}"),
+            format!("--healthz-bind-address={PROXY_HEALTHZ}"),
             "--v=2".to_owned(),
         ];
-        self.spawn("kube-proxy", &args, &[])
+        self.spawn("kube-proxy", &args, &[])?;
+        // Healthy once it has written the Services' rules (200 from `/healthz`).
+        wait_for("kube-proxy to program the Services", STEP, || {
+            let alive = self.check_alive();
+            async move {
+                alive?;
+                Ok::<_, Error>(match http_status(PROXY_HEALTHZ, "/healthz").await {
+                    Ok(200) => Check::Done(()),
+                    Ok(status) => Check::NotYet(format!("/healthz answers {status}")),
+                    Err(error) => Check::NotYet(format!("/healthz: {error}")),
+                })
+            }
+        })
+        .await
     }
 
     /// Starts one program of the node with its output in `<dir>/<name>.log`.
@@ -816,4 +886,19 @@ async fn run_bounded(program: &Path, args: &[&str]) -> Result<String> {
         )));
     }
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// The status code of a plain `GET path` on `addr` (a health endpoint on the node).
+async fn http_status(addr: &str, path: &str) -> std::io::Result<u16> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await?;
+    let mut head = [0_u8; 12];
+    stream.read_exact(&mut head).await?;
+    std::str::from_utf8(&head[9..12])
+        .ok()
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| std::io::Error::other("not an HTTP status line"))
 }

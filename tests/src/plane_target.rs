@@ -47,6 +47,10 @@ const STEP: Duration = Duration::from_secs(120);
 /// The overlay a user applies on kind, whose image names the kubelet maps to our binaries.
 const OVERLAY: &str = "deploy/overlays/kind";
 
+/// `deploy/sandboxes` under gVisor (`runtimeClassName: gvisor`, names suffixed `-gvisor`),
+/// installed on a real node.
+pub const GVISOR_SANDBOXES: &str = "deploy/sandboxes-gvisor";
+
 /// The chart `helm install` installs in [`Install::Helm`].
 const CHART: &str = "deploy/helm/agent-sandbox";
 /// Its release name.
@@ -300,6 +304,19 @@ impl PlaneCluster {
         }
     }
 
+    /// On a real node (which has gVisor): applies [`GVISOR_SANDBOXES`], the same template and
+    /// pool under gVisor, as a user adds them. Elsewhere an error: pods would never start.
+    pub async fn apply_gvisor_sandboxes(&self) -> Result<()> {
+        match &self.node {
+            RunningNode::Real(_) => {
+                apply_with_kind_images(&self.plane, GVISOR_SANDBOXES, "sandboxes-gvisor").await
+            }
+            RunningNode::Process(_) => Err(Error::Config(format!(
+                "{GVISOR_SANDBOXES} needs a node with gVisor; this tier's node is our kubelet"
+            ))),
+        }
+    }
+
     /// Ends the node (and so every pod) and the control plane.
     pub async fn stop(mut self) {
         match &mut self.node {
@@ -409,7 +426,12 @@ async fn install_with_helm(plane: &ControlPlane, admin: &kube::Client) -> Result
     }
     // The router of the sandboxes' namespace (upstream's Go SDK reaches it by DNS), with the
     // kind images, and the same key.
-    apply_namespace_router(plane).await?;
+    apply_with_kind_images(
+        plane,
+        "deploy/sandboxes/namespace-router",
+        "namespace-router",
+    )
+    .await?;
     create_signing_key_secret(admin, wire::DEFAULT_SANDBOX_NAMESPACE, &key).await?;
     let status = plane
         .helm(&["status", RELEASE, "--namespace", system])
@@ -445,26 +467,49 @@ async fn read_signing_key(client: &kube::Client) -> Result<String> {
         .map_err(|_| Error::Config("the router's signing key is not UTF-8".to_owned()))
 }
 
-/// `deploy/sandboxes/namespace-router` with the kind overlay's router image: a kustomization in
-/// the run's directory that names it (by a relative path: kustomize refuses absolute ones).
-async fn apply_namespace_router(plane: &ControlPlane) -> Result<()> {
+/// The kind overlay's `images:` (placeholder, name, tag), which folders applied on their own
+/// ([`apply_with_kind_images`]) get too; a test holds them to `deploy/overlays/kind`.
+const KIND_IMAGES: [(&str, &str, &str); 3] = [
+    (
+        "agent-sandbox-controller",
+        "agent-sandbox/controller",
+        "dev",
+    ),
+    ("sandbox-router", "agent-sandbox/router", "dev"),
+    (
+        "sandbox-runtime-python",
+        "agent-sandbox/runtime-python",
+        "dev",
+    ),
+];
+
+/// Applies the kustomize folder `folder` (relative to the workspace) with the kind overlay's
+/// images, as a user adds it to that overlay: through a kustomization in the run's directory
+/// `<plane>/<name>` that names it (by a relative path: kustomize refuses absolute ones).
+async fn apply_with_kind_images(plane: &ControlPlane, folder: &str, name: &str) -> Result<()> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .unwrap_or(Path::new("."));
-    let dir = plane.dir().join("namespace-router");
+    let dir = plane.dir().join(name);
     std::fs::create_dir_all(&dir).map_err(Error::io("create", &dir))?;
     let ups = dir.components().count().saturating_sub(1);
-    let target = root.join("deploy/sandboxes/namespace-router");
+    let target = root.join(folder);
     let relative = format!(
         "{}{}",
         "../".repeat(ups),
         target.to_string_lossy().trim_start_matches('/')
     );
+    let images: Vec<_> = KIND_IMAGES
+        .iter()
+        .map(|(placeholder, name, tag)| {
+            serde_json::json!({"name": placeholder, "newName": name, "newTag": tag})
+        })
+        .collect();
     let kustomization = serde_json::json!({
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
         "resources": [relative],
-        "images": [{"name": "sandbox-router", "newName": "agent-sandbox/router", "newTag": "dev"}],
+        "images": images,
     });
     let file = dir.join("kustomization.yaml");
     std::fs::write(&file, kustomization.to_string()).map_err(Error::io("write", &file))?;
@@ -877,4 +922,31 @@ pub async fn apply_sandboxes(plane: &ControlPlane, client: &kube::Client) -> Res
         ])
         .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// [`KIND_IMAGES`] is what `deploy/overlays/kind` maps its placeholders to.
+    #[test]
+    fn the_kind_images_are_the_kind_overlays() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .unwrap()
+            .join(OVERLAY)
+            .join("kustomization.yaml");
+        let overlay = std::fs::read_to_string(&path).unwrap();
+        let images = &overlay[overlay.find("\nimages:").expect("an images: list")..];
+        for (placeholder, name, tag) in KIND_IMAGES {
+            let entry =
+                format!("  - name: {placeholder}\n    newName: {name}\n    newTag: {tag}\n");
+            assert!(images.contains(&entry), "{} lacks\n{entry}", path.display());
+        }
+        assert_eq!(
+            images.matches("- name:").count(),
+            KIND_IMAGES.len(),
+            "{images}"
+        );
+    }
 }
