@@ -359,7 +359,12 @@ state = "{root}/containerd-state"
     ///   the kubelet's log), and `start` runs with those; the pause container's `start` prints
     ///   to `<dir>/runsc-start.log`.
     ///
-    /// Every other subcommand (`state`, `kill`, `delete`, ...) runs as is.
+    /// - A `kill` of a container or sandbox that has already stopped fails in runsc with "is
+    ///   not running", which the shim does not recognise as "already gone" (it looks for
+    ///   runc's "container not running"), so the pod's sandbox could never be stopped; the
+    ///   adapter adds runc's words.
+    ///
+    /// Every other subcommand (`state`, `delete`, ...) runs as is.
     fn runsc_adapter(&self) -> Result<PathBuf> {
         use std::os::unix::fs::PermissionsExt as _;
         let path = self.dir.path().join("runsc-under-runc-shim");
@@ -372,7 +377,7 @@ watchers='{watchers}'
 globals='' sub='' bundle='' pidfile='' previous=''
 for arg in "$@"; do
   if [ -z "$sub" ]; then
-    case "$arg" in create|start) sub=$arg ;; *) globals="$globals $arg" ;; esac
+    case "$arg" in create|start|kill) sub=$arg ;; *) globals="$globals $arg" ;; esac
   fi
   case "$previous" in --bundle|-b) bundle=$arg ;; --pid-file) pidfile=$arg ;; esac
   previous=$arg
@@ -403,6 +408,15 @@ start)
     exec "$runsc" "$@" </proc/$watcher/fd/0 >/proc/$watcher/fd/1 2>/proc/$watcher/fd/2
   fi
   exec "$runsc" "$@" >>'{log}' 2>&1
+  ;;
+kill)
+  # The shim takes a kill of a container already gone for success only when the runtime's
+  # output says "container not running" (runc's words); runsc says "sandbox is not running".
+  output=$("$runsc" "$@" 2>&1) && exit 0
+  code=$?
+  printf '%s\n' "$output"
+  case "$output" in *"is not running"*) echo "container not running" ;; esac
+  exit "$code"
   ;;
 *)
   exec "$runsc" "$@"

@@ -14,7 +14,7 @@ use crate::support::RUN_LABEL;
 /// gVisor's kernel names itself in its release (`4.19.0-gvisor`, not configurable per pod).
 const GVISOR_RELEASE_MARK: &str = "gvisor";
 
-/// `uname -r` and `/proc/version` in a sandbox of the pass's pool: under gVisor, gVisor's
+/// The kernel's release (`uname -r`) and `/proc/version` in a sandbox of the pass's pool: under gVisor, gVisor's
 /// release and not this machine's; with no RuntimeClass on a node of this machine, this
 /// machine's own release.
 pub(super) async fn uname_in_a_sandbox_names_its_runtimes_kernel(
@@ -48,12 +48,12 @@ pub(super) async fn uname_in_a_sandbox_names_its_runtimes_kernel(
         )))?;
     let outcome = async {
         let run = sandbox
-            .run("uname -r && cat /proc/version")
+            .run("cat /proc/sys/kernel/osrelease /proc/version")
             .await
-            .map_err(Error::sdk("run uname -r"))?;
+            .map_err(Error::sdk("read the kernel's release"))?;
         ensure!(
             run.exit_code == 0,
-            "uname -r exited {} (stderr {:?})",
+            "cat /proc/sys/kernel/osrelease /proc/version exited {} (stderr {:?})",
             run.exit_code,
             run.stderr
         );
