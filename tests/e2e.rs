@@ -9,10 +9,11 @@ fn main() {
     if agent_sandbox_e2e::runner::upstream_selected() {
         prepared = agent_sandbox_e2e::upstream::prepared_env();
     }
-    // The control-plane tier runs in a network namespace of its own (pod IPs that a real API
-    // server accepts in EndpointSlices); this process then only waits for the run inside it.
-    if agent_sandbox_e2e::runner::wants_own_network() {
-        match agent_sandbox_e2e::netns::run_inside(&prepared) {
+    // The control-plane and node tiers run in namespaces of their own (pod IPs that a real API
+    // server accepts in EndpointSlices; a real node's mounts and processes); this process then
+    // only waits for the run inside them.
+    if let Some(layout) = agent_sandbox_e2e::runner::own_namespaces() {
+        match agent_sandbox_e2e::netns::run_inside_as(layout, &prepared) {
             Ok(Some(code)) => std::process::exit(code),
             Ok(None) => {}
             Err(message) => {

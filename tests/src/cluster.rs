@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use agent_sandbox::{ClientOptions, ConnectionMode};
 use agent_sandbox_api::{Sandbox, SandboxClaim, SandboxTemplate, SandboxWarmPool, wire};
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{DeleteParams, ListParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt as _};
 
 use crate::env;
@@ -26,6 +26,14 @@ pub enum Target {
     /// `cargo xtask tools`, found on `PATH`) with our kubelet as its node, set up by the suite
     /// as `deploy/` (or, with [`Install::Helm`], the Helm chart) sets up a cluster.
     ControlPlane(Install),
+    /// The control plane of [`Target::ControlPlane`] with a real node instead of our kubelet
+    /// (containerd with runc and gVisor, the real kubelet, kube-proxy, CNI: `cargo xtask tools
+    /// --node`, found on `PATH`), our system installed from `deploy/overlays/kind` with the
+    /// images of this OCI archive (`cargo xtask images --oci`; default [`env::IMAGES`]).
+    Node {
+        /// The archive to import into the node.
+        images: Option<PathBuf>,
+    },
     /// A throwaway k3s in Docker (feature `k3s`), with the images of this archive (`docker
     /// save`; default [`env::IMAGES`]).
     K3s {
@@ -42,6 +50,7 @@ impl Target {
             Self::Kubeconfig(path) => format!("the cluster of kubeconfig {}", path.display()),
             Self::ControlPlane(Install::Kustomize) => CONTROL_PLANE.to_owned(),
             Self::ControlPlane(Install::Helm) => format!("{CONTROL_PLANE}, installed with Helm"),
+            Self::Node { .. } => NODE_TIER.to_owned(),
             Self::K3s { .. } => "a throwaway k3s (testcontainers)".to_owned(),
         }
     }
@@ -53,6 +62,9 @@ impl Target {
             "" | "sim" => Ok(Self::Sim),
             "control-plane" => Ok(Self::ControlPlane(Install::Kustomize)),
             "control-plane-helm" => Ok(Self::ControlPlane(Install::Helm)),
+            "node" => Ok(Self::Node {
+                images: std::env::var_os(env::IMAGES).map(PathBuf::from),
+            }),
             "k3s" => Ok(Self::K3s {
                 images: std::env::var_os(env::IMAGES).map(PathBuf::from),
             }),
@@ -74,7 +86,7 @@ impl Target {
             }
             other => Err(Error::Config(format!(
                 "{}={other:?} is not a cluster kind: use sim, control-plane, control-plane-helm, \
-                 kubeconfig or k3s",
+                 node, kubeconfig or k3s",
                 env::CLUSTER
             ))),
         }
@@ -125,6 +137,28 @@ impl std::fmt::Debug for RouterAccess {
     }
 }
 
+/// A template and pool the suite runs its scenarios on, once per pass.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pass {
+    /// The SandboxTemplate.
+    pub template: String,
+    /// Its SandboxWarmPool.
+    pub pool: String,
+    /// The RuntimeClass its pods run under (`None`: the node's default runtime).
+    pub runtime_class: Option<String>,
+}
+
+impl Pass {
+    /// `deploy/sandboxes-gvisor`'s: `deploy/sandboxes`' names with its `nameSuffix`.
+    fn gvisor(template: &str, pool: &str) -> Self {
+        Self {
+            template: format!("{template}-gvisor"),
+            pool: format!("{pool}-gvisor"),
+            runtime_class: Some("gvisor".to_owned()),
+        }
+    }
+}
+
 /// Whether the cluster's network enforces NetworkPolicies (the network probe needs it).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NetworkEnforcement {
@@ -136,6 +170,9 @@ pub enum NetworkEnforcement {
 
 /// How [`Target::ControlPlane`] describes itself.
 const CONTROL_PLANE: &str = "the control-plane tier (kube-apiserver, etcd, kube-controller-manager, kube-scheduler; our kubelet as the node)";
+
+/// How [`Target::Node`] describes itself.
+const NODE_TIER: &str = "the node tier (kube-apiserver, etcd, kube-controller-manager, kube-scheduler; containerd with runc and gVisor, the real kubelet, kube-proxy and CNI as the node)";
 
 /// What keeps the cluster alive while the run lasts.
 enum Backing {
@@ -162,6 +199,11 @@ pub struct ClusterUnderTest {
     pub template: String,
     /// Its SandboxWarmPool.
     pub pool: String,
+    /// The RuntimeClass the template's pods run under (`None`: the node's default runtime).
+    pub runtime_class: Option<String>,
+    /// The pools of the run's further passes, after the first on [`Self::pool`]: on the node
+    /// tier, `deploy/sandboxes-gvisor`'s.
+    further_passes: Vec<Pass>,
     /// How to reach the router.
     pub router: RouterAccess,
     /// Whether NetworkPolicies are enforced.
@@ -215,6 +257,10 @@ impl ClusterUnderTest {
         let pool = setting(env::POOL, agent_sandbox_local::DEFAULT_POOL);
         let scratch = scratch_dir()?;
         let router_namespace = wire::SYSTEM_NAMESPACE.to_owned();
+        let further_passes = match target {
+            Target::Node { .. } => vec![Pass::gvisor(&template, &pool)],
+            _ => Vec::new(),
+        };
         let (description, kube, kubeconfig, network, url, gateway, backing) = match target {
             Target::Sim => {
                 let sim = crate::sim::start().await?;
@@ -250,8 +296,12 @@ impl ClusterUnderTest {
                                 }),
                         )
                     })?;
-                let plane =
-                    crate::plane_target::PlaneCluster::start_with(&bin_dir, *install).await?;
+                let plane = crate::plane_target::PlaneCluster::start_with(
+                    &bin_dir,
+                    *install,
+                    crate::plane_target::NodeKind::Process,
+                )
+                .await?;
                 println!(
                     "e2e: {}; kubectl get deployment -A:\n{}",
                     match install {
@@ -270,6 +320,54 @@ impl ClusterUnderTest {
                          validates NetworkPolicies, but nothing enforces them"
                             .to_owned(),
                     ),
+                    Some(plane.router_url().to_owned()),
+                    plane.gateway(),
+                    Backing::ControlPlane(Box::new(plane)),
+                )
+            }
+            Target::Node { images } => {
+                let images = images.clone().ok_or_else(|| {
+                    Error::Config(format!(
+                        "the node tier needs our images: `cargo xtask images --oci DIR`, then \
+                         --images DIR/images.tar (or {}); `cargo xtask e2e --node` does both",
+                        env::IMAGES
+                    ))
+                })?;
+                let missing = || {
+                    Error::Config(
+                        agent_sandbox_local::testkit::Tool::Node
+                            .unavailable()
+                            .unwrap_or_else(|| "the node's programs are missing".to_owned()),
+                    )
+                };
+                let bin_dir =
+                    agent_sandbox_local::testkit::Tool::control_plane_dir().ok_or_else(missing)?;
+                let node_dir =
+                    agent_sandbox_local::testkit::Tool::node_dir().ok_or_else(missing)?;
+                let plane = crate::plane_target::PlaneCluster::start_with(
+                    &bin_dir,
+                    Install::Kustomize,
+                    crate::plane_target::NodeKind::Real {
+                        tools: node_dir,
+                        images: vec![images],
+                    },
+                )
+                .await?;
+                println!(
+                    "e2e: installed from deploy/overlays/kind; kubectl get deployment -A:\n{}",
+                    plane.deployments().trim_end()
+                );
+                let network = match agent_sandbox_local::testkit::Tool::NftQueue.unavailable() {
+                    None => NetworkEnforcement::Enforced,
+                    Some(why) => NetworkEnforcement::NotEnforced(format!(
+                        "kube-network-policies cannot enforce NetworkPolicies here: {why}"
+                    )),
+                };
+                (
+                    NODE_TIER.to_owned(),
+                    plane.client().await?,
+                    plane.kubeconfig(),
+                    network,
                     Some(plane.router_url().to_owned()),
                     plane.gateway(),
                     Backing::ControlPlane(Box::new(plane)),
@@ -340,6 +438,8 @@ impl ClusterUnderTest {
             namespace,
             template,
             pool,
+            runtime_class: None,
+            further_passes,
             router: RouterAccess {
                 namespace: router_namespace,
                 url,
@@ -394,6 +494,47 @@ impl ClusterUnderTest {
             );
         }
         Ok(())
+    }
+
+    /// The passes after the first (see [`Self::switch_to`]).
+    pub fn further_passes(&self) -> &[Pass] {
+        &self.further_passes
+    }
+
+    /// The next pass: the pool of the pass before is scaled to none (a small node holds one
+    /// pool's members besides the scenarios' own), `pass`'s pool is installed, and the
+    /// scenarios claim from it once it is Ready.
+    pub async fn switch_to(&mut self, pass: &Pass) -> Result<()> {
+        let pools: Api<SandboxWarmPool> = self.api();
+        pools
+            .patch(
+                &self.pool,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({ "spec": { "replicas": 0 } })),
+            )
+            .await
+            .map_err(Error::kube(format!("scale pool {} to 0", self.pool)))?;
+        match (&self.backing, pass.runtime_class.as_deref()) {
+            (Backing::ControlPlane(plane), Some("gvisor")) => {
+                plane.apply_gvisor_sandboxes().await?
+            }
+            _ => {
+                return Err(Error::Config(format!(
+                    "{} has no pass on RuntimeClass {:?}",
+                    self.description, pass.runtime_class
+                )));
+            }
+        }
+        self.template.clone_from(&pass.template);
+        self.pool.clone_from(&pass.pool);
+        self.runtime_class.clone_from(&pass.runtime_class);
+        self.preflight().await
+    }
+
+    /// Whether sandboxes run on this machine's kernel unless their RuntimeClass brings its own
+    /// (the simulated cluster and the tiers the suite starts; not a kubeconfig's cluster).
+    pub fn nodes_share_this_kernel(&self) -> bool {
+        !matches!(self.backing, Backing::External)
     }
 
     /// An API handle in the run's namespace.

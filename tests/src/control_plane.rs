@@ -32,7 +32,7 @@ use agent_sandbox_local::wait::{Check, wait_for};
 use crate::error::{Error, Result};
 
 /// The service CIDR (the `kubernetes` Service gets its first address).
-const SERVICE_CIDR: &str = "10.96.0.0/16";
+pub(crate) const SERVICE_CIDR: &str = "10.96.0.0/16";
 /// The issuer of service-account tokens.
 const SERVICE_ACCOUNT_ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
 /// How long the API server may take to become ready (it is usually ready in 3 to 10 s).
@@ -283,20 +283,19 @@ impl ControlPlane {
 
         let ca = Authority::new()?;
         write("ca.crt", &ca.pem)?;
-        let serving = ca.issue(
-            "kube-apiserver",
-            None,
-            &[
-                "127.0.0.1",
-                "10.96.0.1",
-                "localhost",
-                "kubernetes",
-                "kubernetes.default",
-                "kubernetes.default.svc",
-                "kubernetes.default.svc.cluster.local",
-            ],
-            false,
-        )?;
+        // Pods on a real node reach the API server at its address on the node (through
+        // kube-proxy's rules for the `kubernetes` Service), so it is named too.
+        let mut names = vec![
+            "127.0.0.1",
+            "10.96.0.1",
+            "localhost",
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local",
+        ];
+        names.extend(node_addresses.iter().copied());
+        let serving = ca.issue("kube-apiserver", None, &names, false)?;
         write("apiserver.crt", &serving.cert)?;
         write("apiserver.key", &serving.key)?;
         let kubelet_client = ca.issue(
@@ -352,14 +351,20 @@ impl ControlPlane {
                 "--log-level=warn".to_owned(),
             ],
         )?;
+        // On a real node the `kubernetes` Service's endpoint is the API server's address on the
+        // node, which pods reach; a loopback advertise address cannot back it (then no
+        // endpoint is kept, and our kubelet points pods at the API server itself).
+        let (bind, advertise, reconciler) = match node_addresses.first() {
+            Some(address) => ("0.0.0.0", *address, "lease"),
+            None => ("127.0.0.1", "127.0.0.1", "none"),
+        };
         plane.spawn(
             "kube-apiserver",
             &[
                 format!("--etcd-servers={etcd_url}"),
-                "--bind-address=127.0.0.1".to_owned(),
-                "--advertise-address=127.0.0.1".to_owned(),
-                // A loopback advertise address cannot back the `kubernetes` Endpoints.
-                "--endpoint-reconciler-type=none".to_owned(),
+                format!("--bind-address={bind}"),
+                format!("--advertise-address={advertise}"),
+                format!("--endpoint-reconciler-type={reconciler}"),
                 format!("--secure-port={api_port}"),
                 format!("--cert-dir={}", path("apiserver-certs")),
                 format!("--tls-cert-file={}", path("apiserver.crt")),

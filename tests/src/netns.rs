@@ -24,6 +24,20 @@ pub const POD_NETWORK: (Ipv4Addr, u8) = (Ipv4Addr::new(10, 244, 0, 0), 16);
 /// Set in the child: the namespace is in place.
 const INSIDE: &str = "AGENT_SANDBOX_E2E_OWN_NETWORK";
 
+/// Set in the child: the PID of the process that made the namespaces (in the host's PID
+/// namespace), whose child `unshare` holds them.
+const LAUNCHER: &str = "AGENT_SANDBOX_E2E_LAUNCHER_PID";
+
+/// A command prefix that enters this run's network namespace from the host's shell.
+pub fn enter_command() -> String {
+    match std::env::var(LAUNCHER) {
+        // `unshare --pid --fork` leaves this process with another PID than the host sees:
+        // the launcher's child (`unshare`) holds the same namespaces.
+        Ok(launcher) => format!("nsenter --net --target \"$(pgrep -P {launcher})\" "),
+        Err(_) => format!("nsenter --net=/proc/{}/ns/net ", std::process::id()),
+    }
+}
+
 /// Whether this process runs in the namespace [`run_inside`] made.
 pub fn inside() -> bool {
     std::env::var_os(INSIDE).is_some()
@@ -92,7 +106,8 @@ pub fn run_inside_as(layout: Layout, env: &[(&str, String)]) -> Result<Option<i3
         .arg(&exe)
         .args(std::env::args_os().skip(1))
         .envs(env.iter().map(|(name, value)| (name, value)))
-        .env(INSIDE, "1");
+        .env(INSIDE, "1")
+        .env(LAUNCHER, std::process::id().to_string());
     let cgroup =
         (layout == Layout::Node).then(|| format!("agent-sandbox-e2e-node-{}", std::process::id()));
     if let Some(cgroup) = &cgroup {

@@ -58,6 +58,10 @@ const CRI_NAMESPACE: &str = "k8s.io";
 pub const RUNTIME_CLASSES: [&str; 2] = ["runc", "gvisor"];
 /// Within this, each step of the start is done (usually in well under a tenth).
 const STEP: Duration = Duration::from_secs(120);
+/// kube-proxy's health and metrics addresses (in the node's network namespace).
+const PROXY_HEALTHZ: &str = "127.0.0.1:10256";
+const PROXY_METRICS: &str = "127.0.0.1:10249";
+
 /// Bound on each command the node runs (`ctr`, `crictl`).
 const COMMAND_WITHIN: Duration = Duration::from_secs(60);
 
@@ -218,6 +222,7 @@ impl RealNode {
                 .await?;
         }
         node.start_enforcer(plane).await?;
+        node.start_proxy(plane).await?;
         eprintln!(
             "e2e: node {NODE} ready in {:.1} s (containerd {}, {})",
             started.elapsed().as_secs_f64(),
@@ -251,7 +256,13 @@ impl RealNode {
                     "ipam": {
                         "type": "host-local",
                         "ranges": [[{ "subnet": format!("{subnet}/{prefix}"), "gateway": POD_GATEWAY.to_string() }]],
-                        "routes": [{ "dst": format!("{range}/{range_prefix}") }, { "dst": format!("{NODE_IP}/32") }],
+                        "routes": [
+                            { "dst": format!("{range}/{range_prefix}") },
+                            { "dst": format!("{NODE_IP}/32") },
+                            // Services' virtual IPs, which kube-proxy's rules on the node
+                            // translate (the `kubernetes` Service above all).
+                            { "dst": crate::control_plane::SERVICE_CIDR },
+                        ],
                         "dataDir": self.dir.path().join("cni-leases"),
                     },
                 },
@@ -332,23 +343,89 @@ state = "{root}/containerd-state"
         self.ctr(&["version"]).await.map(drop)
     }
 
-    /// The `gvisor` handler's `BinaryName`: the real `runsc`, with the output of `runsc start`
-    /// sent to `<dir>/runsc-start.log`. containerd's runc shim reads what `start` prints
-    /// through a pipe until every writer has closed it, and `runsc start` gives a pod's
-    /// (second and later) container that very stdio, so the shim would wait for the container
-    /// to end and the kubelet's StartContainer would time out. Every other subcommand (`state`,
-    /// `create`, `kill`, ...) keeps its stdio: the shim parses what they print.
+    /// The `gvisor` handler's `BinaryName`: the real `runsc`, adapted to containerd's runc
+    /// shim, which gVisor's own shim (`containerd-shim-runsc-v1`) would not need; that shim
+    /// cannot run here (it sets its OOM score to -999, which needs `CAP_SYS_RESOURCE`, absent
+    /// from this machine's bounding set). Two things differ from runc:
+    /// - `runsc create` writes the *sandbox's* PID into `--pid-file` for every container of a
+    ///   pod, so the shim would never see a container's own exit (its pod stays Terminating).
+    ///   For a pod's container (not its pause container) the adapter starts a watcher in its
+    ///   place: it waits until the container has started, then `runsc wait`s for it and exits
+    ///   with its exit status; the shim, the reaper of the watcher, takes that as the
+    ///   container's exit.
+    /// - `runsc start` gives a pod's container its own stdio, and the shim reads what `start`
+    ///   prints until every writer has closed it (it would wait for the container to end). The
+    ///   watcher holds the stdio `create` got (the container's pipes, which the shim copies to
+    ///   the kubelet's log), and `start` runs with those; the pause container's `start` prints
+    ///   to `<dir>/runsc-start.log`.
+    ///
+    /// - A `kill` of a container or sandbox that has already stopped fails in runsc with "is
+    ///   not running", which the shim does not recognise as "already gone" (it looks for
+    ///   runc's "container not running"), so the pod's sandbox could never be stopped; the
+    ///   adapter adds runc's words.
+    ///
+    /// Every other subcommand (`state`, `delete`, ...) runs as is.
     fn runsc_adapter(&self) -> Result<PathBuf> {
         use std::os::unix::fs::PermissionsExt as _;
         let path = self.dir.path().join("runsc-under-runc-shim");
+        let watchers = self.dir.path().join("runsc-watchers");
+        std::fs::create_dir_all(&watchers).map_err(Error::io("create", &watchers))?;
         let script = format!(
-            "#!/bin/sh\n\
-             for arg in \"$@\"; do\n\
-             \x20 if [ \"$arg\" = start ]; then exec >>'{log}' 2>&1; break; fi\n\
-             done\n\
-             exec '{runsc}' \"$@\"\n",
+            r#"#!/bin/sh
+runsc='{runsc}'
+watchers='{watchers}'
+globals='' sub='' bundle='' pidfile='' previous=''
+for arg in "$@"; do
+  if [ -z "$sub" ]; then
+    case "$arg" in create|start|kill) sub=$arg ;; *) globals="$globals $arg" ;; esac
+  fi
+  case "$previous" in --bundle|-b) bundle=$arg ;; --pid-file) pidfile=$arg ;; esac
+  previous=$arg
+  id=$arg
+done
+case "$sub" in
+create)
+  "$runsc" "$@" || exit
+  if [ -n "$pidfile" ] && grep -q '"io.kubernetes.cri.container-type": *"container"' "$bundle/config.json"; then
+    # An asynchronous list's stdin is /dev/null: the container's is kept on fd 3 for it.
+    exec 3<&0
+    (
+      exec 0<&3 3<&-
+      until state=$("$runsc" $globals state "$id" 2>/dev/null)         && ! printf '%s' "$state" | grep -q '"status": *"created"'; do
+        [ -n "$state" ] || exit 255
+        sleep 0.1
+      done
+      status=$("$runsc" $globals wait "$id" 2>/dev/null | sed -n 's/.*"exitStatus": *\([0-9]*\).*//p')
+      exit "${{status:-255}}"
+    ) &
+    printf '%s' $! > "$watchers/$id"
+    printf '%s' $! > "$pidfile"
+  fi
+  ;;
+start)
+  if [ -f "$watchers/$id" ]; then
+    watcher=$(cat "$watchers/$id")
+    exec "$runsc" "$@" </proc/$watcher/fd/0 >/proc/$watcher/fd/1 2>/proc/$watcher/fd/2
+  fi
+  exec "$runsc" "$@" >>'{log}' 2>&1
+  ;;
+kill)
+  # The shim takes a kill of a container already gone for success only when the runtime's
+  # output says "container not running" (runc's words); runsc says "sandbox is not running".
+  output=$("$runsc" "$@" 2>&1) && exit 0
+  code=$?
+  printf '%s\n' "$output"
+  case "$output" in *"is not running"*) echo "container not running" ;; esac
+  exit "$code"
+  ;;
+*)
+  exec "$runsc" "$@"
+  ;;
+esac
+"#,
             log = self.dir.path().join("runsc-start.log").display(),
-            runsc = self.tools.path("runsc").display()
+            runsc = self.tools.path("runsc").display(),
+            watchers = watchers.display(),
         );
         std::fs::write(&path, script).map_err(Error::io("write", &path))?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
@@ -504,6 +581,57 @@ state = "{root}/containerd-state"
                 ("KUBERNETES_SERVICE_PORT", port),
             ],
         )
+    }
+
+    /// kube-proxy in nftables mode, as the ServiceAccount `kube-system/kube-proxy` bound to the
+    /// API server's own `system:node-proxier` role: pods reach Services (the `kubernetes`
+    /// Service first of all, through which the controller and the router find the API server).
+    async fn start_proxy(&mut self, plane: &ControlPlane) -> Result<()> {
+        let rbac = json!({
+            "apiVersion": "v1",
+            "kind": "List",
+            "items": [
+                { "apiVersion": "v1", "kind": "ServiceAccount",
+                  "metadata": { "name": "kube-proxy", "namespace": "kube-system" } },
+                { "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                  "metadata": { "name": "e2e-kube-proxy" },
+                  "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:node-proxier" },
+                  "subjects": [{ "kind": "ServiceAccount", "name": "kube-proxy", "namespace": "kube-system" }] },
+            ],
+        });
+        plane
+            .kubectl_stdin(&["apply", "-f", "-"], &rbac.to_string())
+            .await?;
+        let kubeconfig = plane
+            .service_account_kubeconfig("kube-system", "kube-proxy", "kube-proxy.kubeconfig")
+            .await?;
+        let (range, prefix) = POD_NETWORK;
+        let args = vec![
+            format!("--kubeconfig={}", kubeconfig.display()),
+            "--proxy-mode=nftables".to_owned(),
+            format!("--hostname-override={NODE}"),
+            format!("--cluster-cidr={range}/{prefix}"),
+            // The conntrack table is the machine's: leave its size alone.
+            "--conntrack-max-per-core=0".to_owned(),
+            // The node has a network namespace of its own: fixed ports cannot collide.
+            format!("--metrics-bind-address={PROXY_METRICS}"),
+            format!("--healthz-bind-address={PROXY_HEALTHZ}"),
+            "--v=2".to_owned(),
+        ];
+        self.spawn("kube-proxy", &args, &[])?;
+        // Healthy once it has written the Services' rules (200 from `/healthz`).
+        wait_for("kube-proxy to program the Services", STEP, || {
+            let alive = self.check_alive();
+            async move {
+                alive?;
+                Ok::<_, Error>(match http_status(PROXY_HEALTHZ, "/healthz").await {
+                    Ok(200) => Check::Done(()),
+                    Ok(status) => Check::NotYet(format!("/healthz answers {status}")),
+                    Err(error) => Check::NotYet(format!("/healthz: {error}")),
+                })
+            }
+        })
+        .await
     }
 
     /// Starts one program of the node with its output in `<dir>/<name>.log`.
@@ -772,4 +900,19 @@ async fn run_bounded(program: &Path, args: &[&str]) -> Result<String> {
         )));
     }
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// The status code of a plain `GET path` on `addr` (a health endpoint on the node).
+async fn http_status(addr: &str, path: &str) -> std::io::Result<u16> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await?;
+    let mut head = [0_u8; 12];
+    stream.read_exact(&mut head).await?;
+    std::str::from_utf8(&head[9..12])
+        .ok()
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| std::io::Error::other("not an HTTP status line"))
 }

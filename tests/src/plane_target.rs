@@ -38,6 +38,7 @@ use kube::api::{ListParams, PostParams};
 
 use crate::control_plane::{ControlPlane, Tools};
 use crate::error::{Error, Result};
+use crate::node::{NodeTools, RealNode};
 
 /// The node's name.
 const NODE: &str = "node-1";
@@ -45,6 +46,10 @@ const NODE: &str = "node-1";
 const STEP: Duration = Duration::from_secs(120);
 /// The overlay a user applies on kind, whose image names the kubelet maps to our binaries.
 const OVERLAY: &str = "deploy/overlays/kind";
+
+/// `deploy/sandboxes` under gVisor (`runtimeClassName: gvisor`, names suffixed `-gvisor`),
+/// installed on a real node.
+pub const GVISOR_SANDBOXES: &str = "deploy/sandboxes-gvisor";
 
 /// The chart `helm install` installs in [`Install::Helm`].
 const CHART: &str = "deploy/helm/agent-sandbox";
@@ -76,10 +81,35 @@ pub enum Install {
     Helm,
 }
 
+/// The node the control plane gets.
+#[derive(Clone, Debug, Default)]
+pub enum NodeKind {
+    /// Our process kubelet (`crates/kubelet`): the Deployments' images map to this workspace's
+    /// binaries, run as confined processes.
+    #[default]
+    Process,
+    /// A real node ([`crate::node::RealNode`]: containerd with runc and gVisor, the real
+    /// kubelet, kube-proxy, CNI), its programs in `tools` (`cargo xtask tools --node
+    /// --print-bin-dir`'s first directory), our images imported from these OCI archives
+    /// (`cargo xtask images --oci`).
+    Real {
+        /// The node programs' directory.
+        tools: PathBuf,
+        /// OCI image archives to import.
+        images: Vec<PathBuf>,
+    },
+}
+
+/// The node that runs the pods.
+enum RunningNode {
+    Process(Box<Kubelet>),
+    Real(Box<RealNode>),
+}
+
 /// The running installation; [`PlaneCluster::stop`] (or dropping it) ends every process.
 pub struct PlaneCluster {
     plane: ControlPlane,
-    kubelet: Kubelet,
+    node: RunningNode,
     router_url: String,
     gateway: Option<(String, String)>,
     deployments: String,
@@ -117,11 +147,11 @@ impl PlaneCluster {
     /// Starts the control plane from the binaries in `bin_dir` and installs our system on it
     /// with kustomize. Must run inside the network namespace of [`crate::netns::run_inside`].
     pub async fn start(bin_dir: &Path) -> Result<Self> {
-        Self::start_with(bin_dir, Install::Kustomize).await
+        Self::start_with(bin_dir, Install::Kustomize, NodeKind::Process).await
     }
 
-    /// [`PlaneCluster::start`], installing as `install` says.
-    pub async fn start_with(bin_dir: &Path, install: Install) -> Result<Self> {
+    /// [`PlaneCluster::start`], installing as `install` says, on the node `node` says.
+    pub async fn start_with(bin_dir: &Path, install: Install, node: NodeKind) -> Result<Self> {
         if !crate::netns::inside() {
             return Err(Error::Config(
                 "the control-plane tier runs in a network namespace of its own: start it \
@@ -129,8 +159,21 @@ impl PlaneCluster {
                     .to_owned(),
             ));
         }
-        let images = images()?;
-        let plane = ControlPlane::start(Tools::in_dir(bin_dir)?, NODE).await?;
+        let tools = Tools::in_dir(bin_dir)?;
+        let (plane, real) = match &node {
+            NodeKind::Process => (ControlPlane::start(tools, NODE).await?, None),
+            NodeKind::Real {
+                tools: node_tools,
+                images,
+            } => {
+                let address = crate::node::NODE_IP.to_string();
+                let plane = ControlPlane::start_for_node_at(tools, NODE, &[&address]).await?;
+                let real = RealNode::start(&plane, NodeTools::in_dir(node_tools)?).await?;
+                let archives: Vec<&Path> = images.iter().map(PathBuf::as_path).collect();
+                real.import_images(&archives).await?;
+                (plane, Some(real))
+            }
+        };
         let admin = plane.client().await?;
         let gateway_crds = gateway_api_crds(bin_dir);
         if let Some(dir) = &gateway_crds {
@@ -154,49 +197,13 @@ impl PlaneCluster {
             Install::Helm => install_with_helm(&plane, &admin).await?,
         };
 
-        let api: SocketAddr = plane
-            .server()
-            .trim_start_matches("https://")
-            .parse()
-            .map_err(|e| Error::Config(format!("the API server's address: {e}")))?;
-        let credentials = plane.node().clone();
-        let (network, prefix) = crate::netns::POD_NETWORK;
-        let kubelet = Kubelet::new(
-            plane.node_client().await?,
-            KubeletConfig {
-                images,
-                // Confined, as on the sim: the Deployments' volumes (Secrets and tokens at
-                // absolute paths) need pods with roots of their own.
-                isolation: Isolation::Confined,
-                api: Some(ApiServing {
-                    listen: ([127, 0, 0, 1], 0).into(),
-                    cert: credentials.serving_cert.clone(),
-                    key: credentials.serving_key.clone(),
-                    client_ca: credentials.client_ca.clone(),
-                }),
-                kubernetes_service: Some(api),
-                pod_network: PodNetwork::Local { network, prefix },
-                // Room for every pod the suite and the benches make (the template asks 250m
-                // each, the controller and the routers 350m): this node enforces no requests,
-                // and with a machine's 2 CPUs the scheduler would leave claims Pending.
-                capacity: NodeCapacity {
-                    cpu: "64".to_owned(),
-                    memory: "256Gi".to_owned(),
-                    pods: 1000,
-                    ..NodeCapacity::default()
-                },
-                ..KubeletConfig::new(NODE, &plane.dir().join("kubelet"))
-            },
-        )
-        .map_err(|e| Error::Config(format!("cannot start the kubelet: {e}")))?;
-        kubelet
-            .start()
-            .await
-            .map_err(|e| Error::Config(format!("the kubelet did not join: {e}")))?;
-        wait_node_ready(&admin).await?;
+        let node = match real {
+            Some(real) => RunningNode::Real(Box::new(real)),
+            None => RunningNode::Process(Box::new(start_process_kubelet(&plane, &admin).await?)),
+        };
 
         for namespace in [wire::SYSTEM_NAMESPACE, wire::DEFAULT_SANDBOX_NAMESPACE] {
-            plane
+            let waited = plane
                 .kubectl(&[
                     "wait",
                     "--for=condition=Available",
@@ -205,13 +212,29 @@ impl PlaneCluster {
                     "--all",
                     &format!("--namespace={namespace}"),
                 ])
-                .await
-                .map_err(|error| with_pods_of(error, plane.dir()))?;
+                .await;
+            if let Err(error) = waited {
+                return Err(match &node {
+                    RunningNode::Process(_) => with_pods_of(error, plane.dir()),
+                    RunningNode::Real(real) => {
+                        let containers = containers_logs(&plane, namespace).await;
+                        with_node_logs(error, real, &containers)
+                    }
+                });
+            }
         }
         let deployments = plane
             .kubectl(&["get", "deployment", "-o", "wide", "--all-namespaces"])
             .await?;
-        let restart = a_killed_container_restarts(&admin).await?;
+        let restart = match &node {
+            // Our kubelet's own check: a killed container restarts in its pod.
+            RunningNode::Process(_) => a_killed_container_restarts(&admin).await?,
+            RunningNode::Real(real) => format!(
+                "crictl ps (runtime handlers per pod: crictl pods):\n{}{}",
+                real.crictl_ps().await?,
+                real.crictl(&["pods"]).await?
+            ),
+        };
         let deployments = format!("{installed}{deployments}{restart}\n");
         let router_ip = ready_router_ip(&admin).await?;
         let router_url = format!("http://{router_ip}:{}", wire::ROUTER_PORT);
@@ -234,7 +257,7 @@ impl PlaneCluster {
         };
         Ok(Self {
             plane,
-            kubelet,
+            node,
             router_url,
             gateway,
             deployments,
@@ -273,11 +296,82 @@ impl PlaneCluster {
         &self.deployments
     }
 
-    /// Ends the kubelet (and so every pod) and the control plane.
+    /// The real node, on [`NodeKind::Real`].
+    pub fn real_node(&self) -> Option<&RealNode> {
+        match &self.node {
+            RunningNode::Real(real) => Some(real),
+            RunningNode::Process(_) => None,
+        }
+    }
+
+    /// On a real node (which has gVisor): applies [`GVISOR_SANDBOXES`], the same template and
+    /// pool under gVisor, as a user adds them. Elsewhere an error: pods would never start.
+    pub async fn apply_gvisor_sandboxes(&self) -> Result<()> {
+        match &self.node {
+            RunningNode::Real(_) => {
+                apply_with_kind_images(&self.plane, GVISOR_SANDBOXES, "sandboxes-gvisor").await
+            }
+            RunningNode::Process(_) => Err(Error::Config(format!(
+                "{GVISOR_SANDBOXES} needs a node with gVisor; this tier's node is our kubelet"
+            ))),
+        }
+    }
+
+    /// Ends the node (and so every pod) and the control plane.
     pub async fn stop(mut self) {
-        self.kubelet.stop().await;
+        match &mut self.node {
+            RunningNode::Process(kubelet) => kubelet.stop().await,
+            RunningNode::Real(real) => real.stop(),
+        }
         self.plane.stop();
     }
+}
+
+/// Our kubelet joined as the node with its own credentials, serving the kubelet API; returns
+/// once the Node is Ready.
+async fn start_process_kubelet(plane: &ControlPlane, admin: &kube::Client) -> Result<Kubelet> {
+    let images = images()?;
+    let api: SocketAddr = plane
+        .server()
+        .trim_start_matches("https://")
+        .parse()
+        .map_err(|e| Error::Config(format!("the API server's address: {e}")))?;
+    let credentials = plane.node().clone();
+    let (network, prefix) = crate::netns::POD_NETWORK;
+    let kubelet = Kubelet::new(
+        plane.node_client().await?,
+        KubeletConfig {
+            images,
+            // Confined, as on the sim: the Deployments' volumes (Secrets and tokens at
+            // absolute paths) need pods with roots of their own.
+            isolation: Isolation::Confined,
+            api: Some(ApiServing {
+                listen: ([127, 0, 0, 1], 0).into(),
+                cert: credentials.serving_cert.clone(),
+                key: credentials.serving_key.clone(),
+                client_ca: credentials.client_ca.clone(),
+            }),
+            kubernetes_service: Some(api),
+            pod_network: PodNetwork::Local { network, prefix },
+            // Room for every pod the suite and the benches make (the template asks 250m
+            // each, the controller and the routers 350m): this node enforces no requests,
+            // and with a machine's 2 CPUs the scheduler would leave claims Pending.
+            capacity: NodeCapacity {
+                cpu: "64".to_owned(),
+                memory: "256Gi".to_owned(),
+                pods: 1000,
+                ..NodeCapacity::default()
+            },
+            ..KubeletConfig::new(NODE, &plane.dir().join("kubelet"))
+        },
+    )
+    .map_err(|e| Error::Config(format!("cannot start the kubelet: {e}")))?;
+    kubelet
+        .start()
+        .await
+        .map_err(|e| Error::Config(format!("the kubelet did not join: {e}")))?;
+    wait_node_ready(admin).await?;
+    Ok(kubelet)
 }
 
 /// Installs our system from the chart: its render goes through the API server's strict
@@ -332,7 +426,12 @@ async fn install_with_helm(plane: &ControlPlane, admin: &kube::Client) -> Result
     }
     // The router of the sandboxes' namespace (upstream's Go SDK reaches it by DNS), with the
     // kind images, and the same key.
-    apply_namespace_router(plane).await?;
+    apply_with_kind_images(
+        plane,
+        "deploy/sandboxes/namespace-router",
+        "namespace-router",
+    )
+    .await?;
     create_signing_key_secret(admin, wire::DEFAULT_SANDBOX_NAMESPACE, &key).await?;
     let status = plane
         .helm(&["status", RELEASE, "--namespace", system])
@@ -368,26 +467,49 @@ async fn read_signing_key(client: &kube::Client) -> Result<String> {
         .map_err(|_| Error::Config("the router's signing key is not UTF-8".to_owned()))
 }
 
-/// `deploy/sandboxes/namespace-router` with the kind overlay's router image: a kustomization in
-/// the run's directory that names it (by a relative path: kustomize refuses absolute ones).
-async fn apply_namespace_router(plane: &ControlPlane) -> Result<()> {
+/// The kind overlay's `images:` (placeholder, name, tag), which folders applied on their own
+/// ([`apply_with_kind_images`]) get too; a test holds them to `deploy/overlays/kind`.
+const KIND_IMAGES: [(&str, &str, &str); 3] = [
+    (
+        "agent-sandbox-controller",
+        "agent-sandbox/controller",
+        "dev",
+    ),
+    ("sandbox-router", "agent-sandbox/router", "dev"),
+    (
+        "sandbox-runtime-python",
+        "agent-sandbox/runtime-python",
+        "dev",
+    ),
+];
+
+/// Applies the kustomize folder `folder` (relative to the workspace) with the kind overlay's
+/// images, as a user adds it to that overlay: through a kustomization in the run's directory
+/// `<plane>/<name>` that names it (by a relative path: kustomize refuses absolute ones).
+async fn apply_with_kind_images(plane: &ControlPlane, folder: &str, name: &str) -> Result<()> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .unwrap_or(Path::new("."));
-    let dir = plane.dir().join("namespace-router");
+    let dir = plane.dir().join(name);
     std::fs::create_dir_all(&dir).map_err(Error::io("create", &dir))?;
     let ups = dir.components().count().saturating_sub(1);
-    let target = root.join("deploy/sandboxes/namespace-router");
+    let target = root.join(folder);
     let relative = format!(
         "{}{}",
         "../".repeat(ups),
         target.to_string_lossy().trim_start_matches('/')
     );
+    let images: Vec<_> = KIND_IMAGES
+        .iter()
+        .map(|(placeholder, name, tag)| {
+            serde_json::json!({"name": placeholder, "newName": name, "newTag": tag})
+        })
+        .collect();
     let kustomization = serde_json::json!({
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
         "resources": [relative],
-        "images": [{"name": "sandbox-router", "newName": "agent-sandbox/router", "newTag": "dev"}],
+        "images": images,
     });
     let file = dir.join("kustomization.yaml");
     std::fs::write(&file, kustomization.to_string()).map_err(Error::io("write", &file))?;
@@ -411,6 +533,52 @@ fn with_pods_of(error: Error, dir: &Path) -> Error {
         "{error}\n(the pods' logs are under {}; run with --keep to inspect)",
         logs.display()
     ))
+}
+
+/// Adds the ends of the real node's kubelet and containerd logs to a failed wait.
+fn with_node_logs(error: Error, node: &RealNode, containers: &str) -> Error {
+    Error::Config(format!(
+        "{error}\n(the node's files are under {}; run with --keep to inspect)\nthe containers' \
+         logs:\n{containers}\nthe end of the kubelet's log:\n{}\nthe end of containerd's log:\n{}\n\
+         the end of kube-proxy's log:\n{}",
+        node.dir().display(),
+        node.log_tail("kubelet", 30),
+        node.log_tail("containerd", 15),
+        node.log_tail("kube-proxy", 15)
+    ))
+}
+
+/// The end of every container's log in `namespace` (its previous run's, when it restarted),
+/// through the API server as `kubectl logs` shows them.
+async fn containers_logs(plane: &ControlPlane, namespace: &str) -> String {
+    let pods = match plane
+        .kubectl(&["get", "pods", "-n", namespace, "-o", "name"])
+        .await
+    {
+        Ok(pods) => pods,
+        Err(error) => return format!("(pods of {namespace}: {error})"),
+    };
+    let mut logs = String::new();
+    for pod in pods.lines().filter(|line| !line.is_empty()) {
+        let tail = [
+            "logs",
+            "-n",
+            namespace,
+            pod,
+            "--all-containers",
+            "--tail=15",
+        ];
+        let previous = [&tail[..], &["--previous"]].concat();
+        let text = match plane.kubectl(&previous).await {
+            Ok(text) => text,
+            Err(_) => plane
+                .kubectl(&tail)
+                .await
+                .unwrap_or_else(|error| error.to_string()),
+        };
+        logs.push_str(&format!("--- {namespace}/{pod}:\n{text}\n"));
+    }
+    logs
 }
 
 /// A container of a Deployment's pod that dies is restarted in place, as on a node: the
@@ -754,4 +922,31 @@ pub async fn apply_sandboxes(plane: &ControlPlane, client: &kube::Client) -> Res
         ])
         .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// [`KIND_IMAGES`] is what `deploy/overlays/kind` maps its placeholders to.
+    #[test]
+    fn the_kind_images_are_the_kind_overlays() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .unwrap()
+            .join(OVERLAY)
+            .join("kustomization.yaml");
+        let overlay = std::fs::read_to_string(&path).unwrap();
+        let images = &overlay[overlay.find("\nimages:").expect("an images: list")..];
+        for (placeholder, name, tag) in KIND_IMAGES {
+            let entry =
+                format!("  - name: {placeholder}\n    newName: {name}\n    newTag: {tag}\n");
+            assert!(images.contains(&entry), "{} lacks\n{entry}", path.display());
+        }
+        assert_eq!(
+            images.matches("- name:").count(),
+            KIND_IMAGES.len(),
+            "{images}"
+        );
+    }
 }

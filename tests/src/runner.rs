@@ -29,6 +29,20 @@ struct Args {
     target: Option<Target>,
     /// Leave the cluster the suite started running after the report, until Ctrl-C.
     keep: bool,
+    /// `--images PATH`: the image archive of `--k3s` (the default target of the flag) or
+    /// `--node`.
+    images: Option<std::path::PathBuf>,
+}
+
+/// `--images PATH` goes to `--node`'s target, else to `--k3s`'s (which it implies).
+fn with_images(mut parsed: Args) -> Args {
+    if let Some(path) = parsed.images.take() {
+        parsed.target = Some(match parsed.target {
+            Some(Target::Node { .. }) => Target::Node { images: Some(path) },
+            _ => Target::K3s { images: Some(path) },
+        });
+    }
+    parsed
 }
 
 /// `--helm` after (or before) `--control-plane`: the tier installs with the Helm chart.
@@ -58,6 +72,7 @@ fn parse(args: impl Iterator<Item = String>) -> Result<Args, String> {
                     crate::plane_target::Install::Kustomize,
                 ));
             }
+            "--node" => parsed.target = Some(Target::Node { images: None }),
             "--helm" => helm = true,
             "--k3s" => {
                 if !matches!(parsed.target, Some(Target::K3s { .. })) {
@@ -72,9 +87,7 @@ fn parse(args: impl Iterator<Item = String>) -> Result<Args, String> {
                 let path = args
                     .next()
                     .ok_or("--images needs the path of an image archive")?;
-                parsed.target = Some(Target::K3s {
-                    images: Some(path.into()),
-                });
+                parsed.images = Some(path.into());
             }
             "--jobs" => {
                 let value = args.next().ok_or("--jobs needs a number")?;
@@ -96,7 +109,7 @@ fn parse(args: impl Iterator<Item = String>) -> Result<Args, String> {
             filter => parsed.filters.push(filter.to_owned()),
         }
     }
-    with_helm(parsed, helm)
+    with_helm(with_images(parsed), helm)
 }
 
 fn jobs(args: &Args) -> usize {
@@ -115,24 +128,25 @@ enum Outcome {
 }
 
 /// Runs the suite with the process's arguments and environment; returns the exit code.
-/// Whether this run targets the control-plane tier (which runs in a network namespace of its
-/// own: [`crate::netns`]); `e2e.rs` asks before it starts any thread.
-pub fn wants_own_network() -> bool {
-    let Ok(args) = parse(std::env::args().skip(1)) else {
-        return false;
-    };
+/// The namespaces this run needs of its own, if any ([`crate::netns`]): the control-plane tier
+/// a network namespace with the pod range routed locally, the node tier a real node's layout;
+/// the simulated cluster the former where this machine gives its pods networks of their own
+/// (NetworkPolicies enforced, the network scenarios run: the bridge that takes, and the
+/// "internet", in the run's own namespace). `e2e.rs` asks before it starts any thread.
+pub fn own_namespaces() -> Option<crate::netns::Layout> {
+    use crate::netns::Layout;
+    let args = parse(std::env::args().skip(1)).ok()?;
     if args.list {
-        return false;
+        return None;
     }
     match args.target.map_or_else(Target::from_env, Ok) {
-        Ok(Target::ControlPlane(_)) => true,
-        // The simulated cluster's pods get networks of their own where this machine allows
-        // (NetworkPolicies enforced, the network scenarios run): the bridge that takes, and the
-        // "internet", in the run's own namespace.
+        Ok(Target::ControlPlane(_)) => Some(Layout::LocalPodRange),
+        Ok(Target::Node { .. }) => Some(Layout::Node),
         Ok(Target::Sim) => agent_sandbox_local::testkit::Tool::PodNetworks
             .unavailable()
-            .is_none(),
-        _ => false,
+            .is_none()
+            .then_some(Layout::LocalPodRange),
+        _ => None,
     }
 }
 
@@ -195,68 +209,74 @@ pub async fn main() -> i32 {
             return INTERRUPTED;
         }
     };
-    let cluster = match started_cluster {
+    let mut cluster = match started_cluster {
         Ok(cluster) => Arc::new(cluster),
         Err(error) => {
             eprintln!("e2e: the cluster is not usable: {error}");
             return 1;
         }
     };
+    let passes = cluster.further_passes().to_vec();
     println!(
-        "e2e: {} ready in {:.1} s (namespace {}, pool {}, run {}); running {} scenarios, {} at once",
+        "e2e: {} ready in {:.1} s (namespace {}, pool {}, run {}); running {} scenarios, {} at once{}",
         cluster.description,
         started.elapsed().as_secs_f64(),
         cluster.namespace,
         cluster.pool,
         cluster.run,
         selected.len(),
-        jobs(&args)
+        jobs(&args),
+        passes
+            .iter()
+            .map(|pass| format!(", then again on pool {}", pass.pool))
+            .collect::<String>()
     );
 
-    let running = futures_util::stream::iter(selected.iter().copied().map(|scenario| {
-        let cluster = cluster.clone();
-        async move {
-            let began = Instant::now();
-            let task = tokio::spawn(async move {
-                let cluster = cluster;
-                tokio::time::timeout(SCENARIO_LIMIT, (scenario.run)(&cluster)).await
-            });
-            let outcome = match task.await {
-                Ok(Ok(Ok(Verdict::Passed))) => Outcome::Passed,
-                Ok(Ok(Ok(Verdict::Skipped(reason)))) => Outcome::Skipped(reason),
-                Ok(Ok(Err(error))) => Outcome::Failed(error.to_string()),
-                Ok(Err(_)) => Outcome::Failed(format!(
-                    "did not finish within {} s",
-                    SCENARIO_LIMIT.as_secs()
-                )),
-                Err(join) => Outcome::Failed(format!("panicked: {join}")),
+    let mut results: Vec<(String, Outcome)> = Vec::new();
+    let mut interrupted = false;
+    for pass in std::iter::once(None).chain(passes.iter().map(Some)) {
+        if let Some(pass) = pass {
+            // Every task of the pass before has ended: the run holds the only reference.
+            let Some(only) = Arc::get_mut(&mut cluster) else {
+                eprintln!("e2e: a scenario of the previous pass still holds the cluster");
+                return 1;
             };
-            let took = began.elapsed();
-            match &outcome {
-                Outcome::Passed => {
-                    println!("ok      {} ({:.1} s)", scenario.name, took.as_secs_f64());
+            println!(
+                "e2e: pass on pool {} (template {}, runtimeClassName {})",
+                pass.pool,
+                pass.template,
+                pass.runtime_class.as_deref().unwrap_or("unset")
+            );
+            let switched = tokio::select! {
+                switched = only.switch_to(pass) => switched,
+                _ = tokio::signal::ctrl_c() => {
+                    eprintln!("e2e: interrupted; deleting what the scenarios made and stopping the cluster");
+                    interrupted = true;
+                    break;
                 }
-                Outcome::Skipped(reason) => println!("skipped {}: {reason}", scenario.name),
-                Outcome::Failed(_) => {
-                    println!("FAILED  {} ({:.1} s)", scenario.name, took.as_secs_f64());
-                }
+            };
+            if let Err(error) = switched {
+                results.push((
+                    format!("pool {} Ready", pass.pool),
+                    Outcome::Failed(error.to_string()),
+                ));
+                println!("FAILED  pool {} Ready", pass.pool);
+                break;
             }
-            (scenario, outcome)
         }
-    }))
-    .buffer_unordered(jobs(&args));
-    let interrupted;
-    let results: Vec<(Scenario, Outcome)> = tokio::select! {
-        results = running.collect() => {
-            interrupted = false;
-            results
+        let label = pass
+            .and_then(|pass| pass.runtime_class.as_deref())
+            .map(|class| format!(" [{class}]"))
+            .unwrap_or_default();
+        tokio::select! {
+            done = run_pass(&cluster, &selected, &label, jobs(&args)) => results.extend(done),
+            _ = tokio::signal::ctrl_c() => {
+                eprintln!("e2e: interrupted; deleting what the scenarios made and stopping the cluster");
+                interrupted = true;
+                break;
+            }
         }
-        _ = tokio::signal::ctrl_c() => {
-            eprintln!("e2e: interrupted; deleting what the scenarios made and stopping the cluster");
-            interrupted = true;
-            Vec::new()
-        }
-    };
+    }
 
     let left = match cluster.cleanup().await {
         Ok(left) => left,
@@ -268,7 +288,7 @@ pub async fn main() -> i32 {
     let failures: Vec<_> = results
         .iter()
         .filter_map(|(s, o)| match o {
-            Outcome::Failed(message) => Some((s.name, message)),
+            Outcome::Failed(message) => Some((s, message)),
             _ => None,
         })
         .collect();
@@ -299,7 +319,7 @@ pub async fn main() -> i32 {
     if args.keep && !interrupted {
         // Inside the run's own network namespace, the API server is reached through it.
         let enter = if crate::netns::inside() {
-            format!("nsenter --net=/proc/{}/ns/net ", std::process::id())
+            crate::netns::enter_command()
         } else {
             String::new()
         };
@@ -317,6 +337,47 @@ pub async fn main() -> i32 {
         return INTERRUPTED;
     }
     i32::from(!failures.is_empty())
+}
+
+/// Runs `selected` on `cluster`'s current pool, `jobs` at once, printing a line for each as
+/// it ends; `label` follows each name in the report (`[gvisor]`).
+async fn run_pass(
+    cluster: &Arc<ClusterUnderTest>,
+    selected: &[Scenario],
+    label: &str,
+    jobs: usize,
+) -> Vec<(String, Outcome)> {
+    futures_util::stream::iter(selected.iter().copied().map(|scenario| {
+        let cluster = cluster.clone();
+        let name = format!("{}{label}", scenario.name);
+        async move {
+            let began = Instant::now();
+            let task = tokio::spawn(async move {
+                let cluster = cluster;
+                tokio::time::timeout(SCENARIO_LIMIT, (scenario.run)(&cluster)).await
+            });
+            let outcome = match task.await {
+                Ok(Ok(Ok(Verdict::Passed))) => Outcome::Passed,
+                Ok(Ok(Ok(Verdict::Skipped(reason)))) => Outcome::Skipped(reason),
+                Ok(Ok(Err(error))) => Outcome::Failed(error.to_string()),
+                Ok(Err(_)) => Outcome::Failed(format!(
+                    "did not finish within {} s",
+                    SCENARIO_LIMIT.as_secs()
+                )),
+                Err(join) => Outcome::Failed(format!("panicked: {join}")),
+            };
+            let took = began.elapsed();
+            match &outcome {
+                Outcome::Passed => println!("ok      {name} ({:.1} s)", took.as_secs_f64()),
+                Outcome::Skipped(reason) => println!("skipped {name}: {reason}"),
+                Outcome::Failed(_) => println!("FAILED  {name} ({:.1} s)", took.as_secs_f64()),
+            }
+            (name, outcome)
+        }
+    }))
+    .buffer_unordered(jobs)
+    .collect()
+    .await
 }
 
 /// The exit code of a run ended by Ctrl-C (128 + SIGINT, as shells report it).

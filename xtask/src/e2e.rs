@@ -6,6 +6,9 @@
 //! - `--control-plane`: a real control plane from `cargo xtask tools` (built first when missing,
 //!   then first on the suite's `PATH`) with our kubelet as its node, started by the suite;
 //!   with `--helm`, our system is installed there with the Helm chart instead of kustomize;
+//! - `--node`: the same control plane with a real node (containerd, runc and gVisor, the real
+//!   kubelet, kube-proxy, CNI: `cargo xtask tools --node`) and our images as OCI archives
+//!   (`cargo xtask images --oci target/oci`), both built first;
 //! - `--kubeconfig PATH`: a cluster where `deploy/` is installed (`cargo xtask cluster up`);
 //! - `--k3s`: builds the images, saves them to `target/e2e-images.tar`, and lets the suite start
 //!   a throwaway k3s with testcontainers (needs Docker and kubectl).
@@ -22,6 +25,7 @@ use crate::images;
 pub(crate) enum Target {
     Sim,
     ControlPlane,
+    Node,
     Kubeconfig(PathBuf),
     K3s,
 }
@@ -62,6 +66,12 @@ pub(crate) fn cargo_args(options: &Options, images: Option<&Path>) -> Vec<String
         Target::Kubeconfig(path) => {
             args.extend(["--kubeconfig".to_owned(), path.display().to_string()]);
         }
+        Target::Node => {
+            args.push("--node".to_owned());
+            if let Some(images) = images {
+                args.extend(["--images".to_owned(), images.display().to_string()]);
+            }
+        }
         Target::K3s => {
             args.push("--k3s".to_owned());
             if let Some(images) = images {
@@ -88,19 +98,22 @@ pub(crate) fn run(root: &Path, options: &Options) -> Result<()> {
             path.display()
         ),
         Target::K3s => Some(save_images(root)?),
+        Target::Node => Some(oci_images(root)?),
         _ => None,
     };
     let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()));
     command
         .current_dir(root)
         .args(cargo_args(options, images.as_deref()));
-    if options.target == Target::ControlPlane {
-        let toolset = crate::tools::ensure(root)?;
+    if matches!(options.target, Target::ControlPlane | Target::Node) {
+        let mut dirs = Vec::new();
+        if options.target == Target::Node {
+            dirs.push(crate::tools::node::ensure(root)?.bin_dir());
+        }
+        dirs.push(crate::tools::ensure(root)?.bin_dir);
         let path = std::env::var_os("PATH").unwrap_or_default();
-        let joined = std::env::join_paths(
-            std::iter::once(toolset.bin_dir.clone()).chain(std::env::split_paths(&path)),
-        )
-        .context("the tools' directory cannot be put on PATH")?;
+        let joined = std::env::join_paths(dirs.into_iter().chain(std::env::split_paths(&path)))
+            .context("the tools' directories cannot be put on PATH")?;
         command.env("PATH", joined);
     }
     let status = command
@@ -110,6 +123,17 @@ pub(crate) fn run(root: &Path, options: &Options) -> Result<()> {
         bail!("the end-to-end suite failed ({status}); its report is above");
     }
     Ok(())
+}
+
+/// Builds our images as OCI archives (no Docker) for the real node: `target/oci/images.tar`.
+fn oci_images(root: &Path) -> Result<PathBuf> {
+    let dir = root.join("target").join("oci");
+    let written = images::oci::build(root, &images::Options::dev(), &dir)?;
+    written
+        .into_iter()
+        .map(|archive| archive.path)
+        .find(|path| path.ends_with("images.tar"))
+        .context("cargo xtask images --oci wrote no images.tar")
 }
 
 /// Builds the images and saves them in one archive for the k3s node.

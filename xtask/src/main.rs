@@ -98,17 +98,23 @@ enum Command {
     Cluster(ClusterCommand),
     /// Run the end-to-end suite (tests/) against a cluster: the simulated one by default.
     #[command(
-        after_help = "Examples:\n  cargo xtask e2e                                # the simulated cluster (no Docker)\n  cargo xtask e2e --control-plane                # a real kube-apiserver with our kubelet (cargo xtask tools)\n  cargo xtask e2e --control-plane --keep         # ... and leave it up afterwards (prints its kubeconfig)\n  cargo xtask e2e --control-plane --helm         # ... installed with the Helm chart (helm install)\n  cargo xtask e2e --kubeconfig ~/.kube/config    # a cluster with deploy/ installed\n  cargo xtask e2e --k3s                          # a throwaway k3s (Docker, kubectl)\n  cargo xtask e2e -- sdk:: cli::                 # only scenarios whose name contains these"
+        after_help = "Examples:\n  cargo xtask e2e                                # the simulated cluster (no Docker)\n  cargo xtask e2e --control-plane                # a real kube-apiserver with our kubelet (cargo xtask tools)\n  cargo xtask e2e --control-plane --keep         # ... and leave it up afterwards (prints its kubeconfig)\n  cargo xtask e2e --control-plane --helm         # ... installed with the Helm chart (helm install)\n  cargo xtask e2e --node                         # ... with a real node: containerd, runc and gVisor, our images\n  cargo xtask e2e --kubeconfig ~/.kube/config    # a cluster with deploy/ installed\n  cargo xtask e2e --k3s                          # a throwaway k3s (Docker, kubectl)\n  cargo xtask e2e -- sdk:: cli::                 # only scenarios whose name contains these"
     )]
     E2e {
         /// The simulated cluster, started by the suite (the default).
-        #[arg(long, conflicts_with_all = ["kubeconfig", "k3s", "control_plane"])]
+        #[arg(long, conflicts_with_all = ["kubeconfig", "k3s", "control_plane", "node"])]
         sim: bool,
         /// A real control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler
         /// from `cargo xtask tools`, built first if missing) with our kubelet as its node,
         /// deploy/ applied, started and torn down by the suite.
-        #[arg(long, conflicts_with_all = ["kubeconfig", "k3s"])]
+        #[arg(long, conflicts_with_all = ["kubeconfig", "k3s", "node"])]
         control_plane: bool,
+        /// The control plane with a real node instead of our kubelet: containerd (runc and
+        /// gVisor), the real kubelet, kube-proxy and CNI (`cargo xtask tools --node`, built first
+        /// if missing), our images as OCI archives (`cargo xtask images --oci target/oci`), and
+        /// deploy/overlays/kind applied. Root only.
+        #[arg(long, conflicts_with_all = ["kubeconfig", "k3s"])]
+        node: bool,
         /// With --control-plane: install with `helm install` of deploy/helm/agent-sandbox
         /// instead of `kubectl apply -k deploy/overlays/kind`.
         #[arg(long, requires = "control_plane")]
@@ -298,6 +304,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::E2e {
             sim: _,
             control_plane,
+            node,
             helm,
             keep,
             kubeconfig,
@@ -305,11 +312,12 @@ fn run(cli: Cli) -> Result<()> {
             jobs,
             filters,
         } => {
-            let target = match (kubeconfig, k3s, control_plane) {
-                (Some(path), _, _) => e2e::Target::Kubeconfig(path),
-                (None, true, _) => e2e::Target::K3s,
-                (None, false, true) => e2e::Target::ControlPlane,
-                (None, false, false) => e2e::Target::Sim,
+            let target = match (kubeconfig, k3s, control_plane, node) {
+                (Some(path), ..) => e2e::Target::Kubeconfig(path),
+                (None, true, ..) => e2e::Target::K3s,
+                (None, false, true, _) => e2e::Target::ControlPlane,
+                (None, false, false, true) => e2e::Target::Node,
+                (None, false, false, false) => e2e::Target::Sim,
             };
             e2e::run(
                 &root,

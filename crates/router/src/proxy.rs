@@ -448,7 +448,8 @@ impl Proxy {
     /// catch up on (its watch a moment behind the claim that adopted it or the pod that became
     /// ready) is looked up again at each index change for up to [`INDEX_SETTLE`] (within the
     /// request's deadline, `timeout` after it arrived, at `deadline_at`) before the request is
-    /// refused; a suspended one is woken and waited for until the deadline.
+    /// refused; a suspended one is woken and waited for until the deadline, its old pod's
+    /// termination included.
     async fn resolve(
         &self,
         routing: &Routing,
@@ -487,7 +488,11 @@ impl Proxy {
                 waking = true;
                 settle_at = deadline_at;
             }
-            if !why.may_settle() || tokio::time::timeout_at(settle_at, changed).await.is_err() {
+            // While waking, the pod of before the suspension may still be terminating (a real
+            // kubelet gives it its grace period): the controller makes the new one once it is
+            // gone, so that too is waited for until the deadline.
+            let settles = why.may_settle() || waking;
+            if !settles || tokio::time::timeout_at(settle_at, changed).await.is_err() {
                 if waking {
                     return Err(route::did_not_wake(routing, timeout, &why));
                 }

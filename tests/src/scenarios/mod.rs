@@ -19,6 +19,7 @@ mod controller;
 mod idle;
 mod network;
 mod router;
+mod runtime;
 mod sdk;
 mod upstream;
 
@@ -74,6 +75,7 @@ pub fn all() -> Vec<Scenario> {
         scenario!(idle::a_running_command_keeps_its_sandbox_from_idling),
         scenario!(idle::a_killed_clients_claim_is_gone_after_its_pools_default_idle_ttl),
         scenario!(router::under_upstreams_pods_only_rbac_unclaimed_pool_members_are_refused),
+        scenario!(runtime::uname_in_a_sandbox_names_its_runtimes_kernel),
         scenario!(sdk::round_trip_through_port_forward),
         scenario!(sdk::round_trip_through_a_direct_url),
         scenario!(sdk::round_trip_through_a_gateway),

@@ -251,23 +251,41 @@ pub(super) async fn a_sandbox_cannot_read_the_users_home_or_kubeconfig(
     cluster: &ClusterUnderTest,
 ) -> Result<Verdict> {
     let home = std::env::var("HOME").unwrap_or_else(|_| "/root".to_owned());
-    let targets = [
+    // A real container has its image's own `/root` and `/home`: what would leak is the host's,
+    // so each host directory gets a canary file the sandbox must not list, and each host file
+    // is compared by checksum with what the sandbox reads at the same path.
+    let directories = [
         home.clone(),
-        format!("{home}/.kube/config"),
         format!("{home}/.ssh"),
-        cluster.kubeconfig.display().to_string(),
+        format!("{home}/.kube"),
         "/root".to_owned(),
         "/home".to_owned(),
         env!("CARGO_MANIFEST_DIR").to_owned(),
     ];
+    let files = [
+        format!("{home}/.kube/config"),
+        cluster.kubeconfig.display().to_string(),
+    ];
+    let canaries = Canaries::plant(&cluster.run, &directories);
     let sandbox = claim(cluster, "the home-directory probe").await?;
     let outcome = async {
         let mut script = String::new();
-        for target in &targets {
-            // Listing or reading: either would leak.
+        for directory in &directories {
+            let canary = canaries.name();
             script.push_str(&format!(
-                "if ls -d '{target}' >/dev/null 2>&1 || cat '{target}' >/dev/null 2>&1; then \
-                 echo 'LEAK {target}'; else echo blocked; fi\n"
+                "if ls -A '{directory}' 2>/dev/null | grep -qxF '{canary}'; then \
+                 echo 'LEAK {directory}'; else echo blocked; fi\n"
+            ));
+        }
+        for file in &files {
+            // Absent on the host: nothing of the host's to read there.
+            let Some(sum) = host_checksum(file).await else {
+                script.push_str("echo blocked\n");
+                continue;
+            };
+            script.push_str(&format!(
+                "if [ \"$(cksum < '{file}' 2>/dev/null)\" = '{sum}' ]; then \
+                 echo 'LEAK {file}'; else echo blocked; fi\n"
             ));
         }
         sandbox
@@ -285,14 +303,74 @@ pub(super) async fn a_sandbox_cannot_read_the_users_home_or_kubeconfig(
             run.stderr
         );
         ensure!(
-            run.stdout.matches("blocked").count() == targets.len(),
+            run.stdout.matches("blocked").count() == directories.len() + files.len(),
             "the probe printed {:?} (stderr {:?})",
             run.stdout,
             run.stderr
+        );
+        ensure!(
+            canaries.planted() > 0,
+            "no canary could be planted in any of {directories:?} on this host"
         );
         Ok(())
     }
     .await;
     let _ = sandbox.close().await;
+    drop(canaries);
     outcome.map(|()| Verdict::Passed)
+}
+
+/// Empty files named `.agent-sandbox-canary-<run>` in the host's directories that exist and
+/// are writable; removed when dropped (also when the scenario fails).
+struct Canaries {
+    name: String,
+    planted: Vec<std::path::PathBuf>,
+}
+
+impl Canaries {
+    fn plant(run: &str, directories: &[String]) -> Self {
+        let name = format!(".agent-sandbox-canary-{run}");
+        let planted = directories
+            .iter()
+            .map(|directory| std::path::Path::new(directory).join(&name))
+            .filter(|path| {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(path)
+                    .is_ok()
+            })
+            .collect();
+        Self { name, planted }
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn planted(&self) -> usize {
+        self.planted.len()
+    }
+}
+
+impl Drop for Canaries {
+    fn drop(&mut self) {
+        for path in &self.planted {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// `cksum < file` on the host, as the sandbox's `cksum` prints it; `None` when unreadable.
+async fn host_checksum(file: &str) -> Option<String> {
+    let input = std::fs::File::open(file).ok()?;
+    let output = tokio::process::Command::new("cksum")
+        .stdin(input)
+        .output()
+        .await
+        .ok()?;
+    output
+        .status
+        .success()
+        .then(|| String::from_utf8_lossy(&output.stdout).trim().to_owned())
 }

@@ -68,8 +68,8 @@ impl PodsOnlyRouter {
 }
 
 /// A kubeconfig for the cluster of `source` (its current context's server and CA) with
-/// `token` as the credential, written into `dir`.
-fn token_kubeconfig(source: &Path, token: &str, dir: &Path) -> Result<PathBuf> {
+/// `token` as the credential, written into `dir` as `<name>.kubeconfig`.
+fn token_kubeconfig(source: &Path, token: &str, dir: &Path, name: &str) -> Result<PathBuf> {
     use base64::Engine as _;
     let config = kube::config::Kubeconfig::read_from(source)
         .map_err(|e| Error::Config(format!("cannot read kubeconfig {}: {e}", source.display())))?;
@@ -107,7 +107,7 @@ fn token_kubeconfig(source: &Path, token: &str, dir: &Path) -> Result<PathBuf> {
     });
     write_private(
         dir,
-        "pods-only.kubeconfig",
+        &format!("{name}.kubeconfig"),
         kubeconfig.to_string().as_bytes(),
     )
 }
@@ -409,7 +409,7 @@ pub(super) async fn under_upstreams_pods_only_rbac_unclaimed_pool_members_are_re
         create(&pools, &pool(&pool_name, &cluster.template, 2, &cluster.run)).await?;
         wait_pool_ready(&pools, &pool_name, 2).await?;
 
-        let kubeconfig = token_kubeconfig(&cluster.kubeconfig, &token, cluster.scratch())?;
+        let kubeconfig = token_kubeconfig(&cluster.kubeconfig, &token, cluster.scratch(), &pool_name)?;
         let mut router = start_router(cluster, &kubeconfig).await?;
         let pods_only = router
             .log()

@@ -40,10 +40,11 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 /// Kustomize folders rendered on their own.
-pub(crate) const KUSTOMIZATIONS: [&str; 6] = [
+pub(crate) const KUSTOMIZATIONS: [&str; 7] = [
     "deploy/crds",
     "deploy/base",
     "deploy/sandboxes",
+    "deploy/sandboxes-gvisor",
     "deploy/sandboxes/namespace-router",
     "deploy/overlays/kind",
     "deploy/overlays/release",
@@ -815,8 +816,12 @@ mod tests {
             Ok(summary) => summary,
             Err(error) => panic!("{error:#}"),
         };
-        // 6 folders, 2 Flux folders with 4 and 3 paths, and the kind config.
-        assert_eq!(summary.len(), 6 + 2 + 7 + 1, "{summary:#?}");
+        // The folders, 2 Flux folders with 4 and 3 paths, and the kind config.
+        assert_eq!(
+            summary.len(),
+            KUSTOMIZATIONS.len() + 2 + 7 + 1,
+            "{summary:#?}"
+        );
     }
 
     /// A typo in a field name fails, naming the field, whatever kind it is in.
@@ -1102,6 +1107,36 @@ mod tests {
         weakened["volumes"] = serde_json::json!([{"name": "host", "hostPath": {"path": "/"}}]);
         let problems = sandbox_pod_problems(&weakened);
         assert_eq!(problems.len(), 5, "{problems:#?}");
+    }
+
+    /// `deploy/sandboxes-gvisor` is `deploy/sandboxes` with `-gvisor` names, the pool pointing
+    /// at the suffixed template, and `runtimeClassName: gvisor`: nothing else differs.
+    #[test]
+    fn the_gvisor_sandboxes_differ_only_in_names_and_runtime_class() {
+        if !kubectl_available() {
+            return;
+        }
+        let plain = rendered("deploy/sandboxes");
+        let gvisor = rendered("deploy/sandboxes-gvisor");
+        let mut template = object(&plain, kinds::SANDBOX_TEMPLATE, "python-runtime").clone();
+        template["metadata"]["name"] = "python-runtime-gvisor".into();
+        template["spec"]["podTemplate"]["spec"]["runtimeClassName"] = "gvisor".into();
+        assert_eq!(
+            object(&gvisor, kinds::SANDBOX_TEMPLATE, "python-runtime-gvisor"),
+            &template
+        );
+        let mut pool = object(&plain, kinds::SANDBOX_WARM_POOL, "python-sandbox-pool").clone();
+        pool["metadata"]["name"] = "python-sandbox-pool-gvisor".into();
+        pool["spec"]["sandboxTemplateRef"]["name"] = "python-runtime-gvisor".into();
+        assert_eq!(
+            object(
+                &gvisor,
+                kinds::SANDBOX_WARM_POOL,
+                "python-sandbox-pool-gvisor"
+            ),
+            &pool
+        );
+        assert_eq!(gvisor.len(), plain.len());
     }
 
     /// Read-only router, no wildcard and no Secrets for either component, restricted pods.

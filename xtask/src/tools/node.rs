@@ -1,5 +1,5 @@
 //! `cargo xtask tools --node`: the binaries of a real Kubernetes node, for the node tier of the
-//! end-to-end suite: the real `kubelet` (built in `xtask/k8s-tools`, the control plane's module,
+//! end-to-end suite: the real `kubelet` and `kube-proxy` (built in `xtask/k8s-tools`, the control plane's module,
 //! so that it is the control plane's release), `containerd` with `containerd-shim-runc-v2` and
 //! `ctr`, gVisor's `runsc`, the CNI plugins `bridge`, `host-local`, `portmap` and `loopback`,
 //! `crictl`, and `kube-network-policies` (the SIG Network reference NetworkPolicy enforcer).
@@ -68,10 +68,18 @@ const fn node_tool(
 
 /// Every node binary, in build order (the largest first). An empty `version_args` means the
 /// program has no version flag (a CNI plugin prints its version when run without arguments).
-pub(crate) const NODE_TOOLS: [NodeTool; 11] = [
+pub(crate) const NODE_TOOLS: [NodeTool; 12] = [
     node_tool(
         "kubelet",
         "k8s.io/kubernetes/cmd/kubelet",
+        &["--version"],
+        MODULE_DIR,
+        "",
+        BIN,
+    ),
+    node_tool(
+        "kube-proxy",
+        "k8s.io/kubernetes/cmd/kube-proxy",
         &["--version"],
         MODULE_DIR,
         "",

@@ -47,8 +47,9 @@ pub enum Tool {
 }
 
 /// The programs of a real node that `cargo xtask tools --node` builds into one directory.
-pub const NODE_PROGRAMS: [&str; 7] = [
+pub const NODE_PROGRAMS: [&str; 8] = [
     "kubelet",
+    "kube-proxy",
     "containerd",
     "containerd-shim-runc-v2",
     "ctr",
