@@ -333,6 +333,12 @@ impl Index {
         self.len() == (0, 0)
     }
 
+    /// Sandbox `namespace/name`'s `activeTTLSeconds`, whether it is routable or not (a
+    /// suspended one's too), if the index knows it and it has one.
+    pub fn idle_ttl(&self, namespace: &str, name: &str) -> Option<std::time::Duration> {
+        self.sandboxes.get(namespace)?.get(name)?.idle_ttl
+    }
+
     /// Where sandbox `namespace/name` can be reached, or why it cannot.
     pub fn resolve(&self, namespace: &str, name: &str) -> Result<Backend, Unroutable> {
         if self.pods_only {

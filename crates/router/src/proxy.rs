@@ -458,6 +458,11 @@ impl Proxy {
     ) -> Result<Backend, Rejection> {
         let mut settle_at = deadline_at.min(tokio::time::Instant::now() + INDEX_SETTLE);
         let mut waking = false;
+        // While the request waits for the sandbox it woke, it is the sandbox's activity (as a
+        // running command is): otherwise a wake that takes longer than `activeTTLSeconds`
+        // (a real node starting a pod) would let the controller suspend the sandbox again
+        // before this very request reached it.
+        let mut _waiting: Option<crate::activity::Active> = None;
         loop {
             let changed = self.index.changed();
             tokio::pin!(changed);
@@ -485,6 +490,15 @@ impl Proxy {
                             format!("Sandbox {} is suspended and {why}.", routing.sandbox()),
                         )
                     })?;
+                if !waking {
+                    let idle_ttl = self.index.read().idle_ttl(&routing.namespace, &routing.id);
+                    _waiting = Some(cluster.recorder.begin(
+                        &routing.namespace,
+                        &routing.id,
+                        idle_ttl,
+                        k8s_openapi::jiff::Timestamp::now(),
+                    ));
+                }
                 waking = true;
                 settle_at = deadline_at;
             }

@@ -250,3 +250,89 @@ async fn a_suspended_sandbox_that_does_not_wake_in_time_gets_a_504_saying_what_w
     serving.await.unwrap().unwrap();
     sim.stop().await;
 }
+
+/// A request waiting for a suspended sandbox to wake is that sandbox's activity while it waits,
+/// as a running command is: the router keeps recording it (here for a sandbox whose
+/// `activeTTLSeconds` is 4, so at least every second), so that a wake slower than the TTL (a
+/// real node starting a pod) does not let the controller suspend the sandbox again before the
+/// request reaches it. No controller runs here, so the request ends in 504 after 4 s.
+#[tokio::test]
+async fn a_request_waiting_for_a_wake_keeps_recording_activity() {
+    let sim = Sim::start(SimConfig::default().isolation(Isolation::None))
+        .await
+        .unwrap();
+    sim.apply_crds().unwrap();
+    let client = sim.client().unwrap();
+    let sandboxes: Api<Sandbox> = Api::namespaced(client.clone(), "default");
+    let sandbox: Sandbox = serde_json::from_value(json!({
+        "apiVersion": agent_sandbox_api::API_VERSION, "kind": agent_sandbox_api::kinds::SANDBOX,
+        "metadata": {"name": "drowsy", "namespace": "default"},
+        "spec": {"operatingMode": "Suspended",
+            "idleLifecycle": {"activeTTLSeconds": 4, "activeExpirationPolicy": "Suspend"},
+            "podTemplate": {"spec": {"containers": [
+                {"name": "runtime", "image": "sandbox-runtime:latest"}]}}}
+    }))
+    .unwrap();
+    sandboxes
+        .create(&PostParams::default(), &sandbox)
+        .await
+        .unwrap();
+
+    let index = SharedIndex::new();
+    let router = Router::bind_with(
+        Config::new(SocketAddr::from(([127, 0, 0, 1], 0))),
+        index.clone(),
+        Some(client.clone()),
+    )
+    .await
+    .unwrap();
+    let addr = router.local_addr();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(router.serve(async move {
+        let _ = stop_rx.await;
+    }));
+    let watching = tokio::spawn(agent_sandbox_router::watch(client, index, None));
+    let synced = common::eventually(Duration::from_secs(30), move || async move {
+        let readyz = common::send(addr, Method::GET, "/readyz", &[], Bytes::new()).await;
+        (readyz.status == StatusCode::OK).then_some(())
+    })
+    .await;
+    assert!(synced.is_some(), "the index never synced");
+
+    let arrived = k8s_openapi::jiff::Timestamp::now();
+    let reply = common::send(
+        addr,
+        Method::POST,
+        "/execute",
+        &[("x-sandbox-id", "drowsy"), ("x-sandbox-timeout", "4")],
+        execute("echo awake"),
+    )
+    .await;
+    assert_eq!(
+        reply.status,
+        StatusCode::GATEWAY_TIMEOUT,
+        "{}",
+        reply.text()
+    );
+    let recorded = sandboxes
+        .get("drowsy")
+        .await
+        .unwrap()
+        .status
+        .and_then(|s| s.last_activity_time)
+        .map(|t| t.0)
+        .expect("the router recorded activity");
+    // The resume alone would have left the arrival time (to the second); writes while waiting
+    // moved it on.
+    let floor = arrived.as_second() + 2;
+    assert!(
+        recorded.as_second() >= floor,
+        "lastActivityTime {recorded} is not later than 2 s after the request arrived ({arrived})"
+    );
+
+    watching.abort();
+    let _ = watching.await;
+    stop_tx.send(()).unwrap();
+    serving.await.unwrap().unwrap();
+    sim.stop().await;
+}
