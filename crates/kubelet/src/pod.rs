@@ -1096,7 +1096,8 @@ impl Worker {
     /// Prepares the volumes a container mounts (confined pods: plain processes see the host):
     /// the directories of PersistentVolumeClaims (made through directory handles, owned by the
     /// namespace's group), `emptyDir`s (in the pod's storage) and the files of projection
-    /// volumes ([`volumes`]). An error is a failed mount (the container waits).
+    /// volumes ([`volumes`], owned as a node owns them when the kubelet is root). An error is a
+    /// failed mount (the container waits).
     fn mounts(
         &self,
         container: &Value,
@@ -1152,8 +1153,15 @@ impl Worker {
                     format!("MountVolume.SetUp failed for volume {name:?}: {error}")
                 })?;
                 let dir = self.paths.root.join("volumes").join(name);
-                let owner = self.host_id.as_ref().map(|id| id.0);
-                volumes::write_files(&dir, &files, owner).map_err(|error| {
+                // A root kubelet owns the files as a node's does; one that is not root cannot.
+                let ownership = self.host_id.as_ref().map(|id| {
+                    volumes::ownership(&self.pod, volume, &files).on_host(
+                        &self.pod,
+                        self.pod_identity(),
+                        id.0,
+                    )
+                });
+                volumes::write_files(&dir, &files, ownership.as_ref()).map_err(|error| {
                     format!("writing volume {name:?} into {}: {error}", dir.display())
                 })?;
                 read_only = true;

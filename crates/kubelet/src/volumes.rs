@@ -7,12 +7,19 @@
 //! As on a node: `items` choose and rename keys, `defaultMode` and per-item `mode` set the
 //! files' permissions, a missing object fails the mount unless the volume or source is
 //! `optional`, and these volumes are always mounted read-only.
+//!
+//! Who owns the files is decided here too ([`ownership`]), with a node's rules: root owns them;
+//! a pod's `fsGroup` becomes their group and adds group read (and group search plus set-group-ID
+//! on directories); a projected ServiceAccount token goes to the one user every container runs
+//! as, mode 0600. A kubelet that is not root cannot give files away and leaves them its own.
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::OwnedFd;
 use std::path::{Component, Path, PathBuf};
 
 use serde_json::Value;
+
+use crate::process::Identity;
 
 /// The data of the ConfigMaps and Secrets a container references, by `(resource, name)`
 /// (`configmaps` or `secrets`); a missing object is absent. Secret values are decoded; those
@@ -42,6 +49,15 @@ pub(crate) struct File {
 
 /// The default of `defaultMode` (0644), as the API server defaults it.
 const DEFAULT_MODE: u32 = 0o644;
+/// The mode of the directories of a volume (its own and those of item paths).
+const DIR_MODE: u32 = 0o755;
+/// What a pod's `fsGroup` adds to the mode of a read-only volume's files: group read.
+const FS_GROUP_FILE_BITS: u32 = 0o440;
+/// What it adds to the mode of the volume's directories: group read and search, and
+/// set-group-ID (what is made in them gets the group).
+const FS_GROUP_DIR_BITS: u32 = 0o2550;
+/// The mode of a projected ServiceAccount token given to one user (before `fsGroup`'s bits).
+const TOKEN_OWNER_MODE: u32 = 0o600;
 /// A projected token's lifetime when the source gives none (the API's default).
 const DEFAULT_TOKEN_SECONDS: i64 = 3600;
 
@@ -307,6 +323,134 @@ pub(crate) fn files(
     Ok(files)
 }
 
+/// The owner, group and permission bits of a file or directory of a volume.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Owner {
+    pub(crate) uid: u32,
+    pub(crate) gid: u32,
+    pub(crate) mode: u32,
+}
+
+/// Who owns a projection volume: its directories (its own and those item paths make), and
+/// each of its files, in the order of the files they were decided for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Ownership {
+    pub(crate) dirs: Owner,
+    pub(crate) files: Vec<Owner>,
+}
+
+/// A uid or gid from the pod's JSON.
+fn id(value: Option<&Value>) -> Option<u32> {
+    value
+        .and_then(Value::as_u64)
+        .and_then(|id| u32::try_from(id).ok())
+}
+
+/// The user every container of `pod` runs as, when each has one (its own `runAsUser`, else
+/// the pod's) and they all agree; an image's user does not count. Init and ephemeral
+/// containers are containers too.
+fn single_run_as_user(pod: &Value) -> Option<u32> {
+    let pod_user = id(pod.pointer("/spec/securityContext/runAsUser"));
+    let mut user = None;
+    for list in ["initContainers", "containers", "ephemeralContainers"] {
+        for container in pod
+            .pointer(&format!("/spec/{list}"))
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let this = id(container.pointer("/securityContext/runAsUser")).or(pod_user)?;
+            if user.is_some_and(|user| user != this) {
+                return None;
+            }
+            user = Some(this);
+        }
+    }
+    user
+}
+
+/// Who owns the files of `volume` (one of `pod`'s, [`is_projection`]) and its directories, in
+/// the pod's ids, as a node's kubelet decides it:
+///
+/// - Root (uid 0, group 0) owns everything, with the mode of each file (its item's `mode` or
+///   the volume's `defaultMode`) and 0755 for directories.
+/// - With the pod's `fsGroup`, that is the group of everything; files get group read on top of
+///   their mode (a `defaultMode` of 0400 becomes 0440), directories group read and search and
+///   set-group-ID.
+/// - A projected `serviceAccountToken`'s file goes to the user all the pod's containers run as
+///   ([`single_run_as_user`]), when there is one, and then, or with `fsGroup`, its mode is 0600
+///   before `fsGroup`'s bits (0640 with it); otherwise it is like any other file.
+///
+/// `files` are the volume's files ([`files`]); a token's is known by its source's `path`.
+pub(crate) fn ownership(pod: &Value, volume: &Value, files: &[File]) -> Ownership {
+    let fs_group = id(pod.pointer("/spec/securityContext/fsGroup"));
+    let group = fs_group.unwrap_or(0);
+    let with_fs_group = |mode: u32, bits: u32| fs_group.map_or(mode, |_| mode | bits);
+    let tokens: Vec<&str> = sources(volume)
+        .filter_map(|source| source.pointer("/serviceAccountToken/path"))
+        .filter_map(Value::as_str)
+        .collect();
+    let token_user = if tokens.is_empty() {
+        None
+    } else {
+        single_run_as_user(pod)
+    };
+    let files = files
+        .iter()
+        .map(|file| {
+            let token = tokens.contains(&file.path.as_str());
+            let (uid, mode) = match token_user {
+                Some(user) if token => (user, TOKEN_OWNER_MODE),
+                None if token && fs_group.is_some() => (0, TOKEN_OWNER_MODE),
+                _ => (0, file.mode),
+            };
+            Owner {
+                uid,
+                gid: group,
+                mode: with_fs_group(mode, FS_GROUP_FILE_BITS),
+            }
+        })
+        .collect();
+    Ownership {
+        dirs: Owner {
+            uid: 0,
+            gid: group,
+            mode: with_fs_group(DIR_MODE, FS_GROUP_DIR_BITS),
+        },
+        files,
+    }
+}
+
+impl Ownership {
+    /// The same ownership in a root kubelet's host ids, for a pod whose processes are `user`
+    /// in their user namespace and the host uid and gid `host` outside it. An id the pod's
+    /// processes have (their uid; their gid, `fsGroup` or a `supplementalGroups` entry) becomes
+    /// `host`; any other stays root's (0), which the pod is not. Permissions then work as on a
+    /// node; only the names differ inside the pod: the namespace maps the pod's own ids alone,
+    /// so root's files show as the overflow user and group (`nobody`), and a file of group
+    /// `fsGroup` shows the pod's own group.
+    pub(crate) fn on_host(&self, pod: &Value, user: Identity, host: u32) -> Self {
+        let mut groups = vec![user.gid];
+        groups.extend(id(pod.pointer("/spec/securityContext/fsGroup")));
+        groups.extend(
+            pod.pointer("/spec/securityContext/supplementalGroups")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|group| id(Some(group))),
+        );
+        let map = |owner: &Owner| Owner {
+            uid: if owner.uid == user.uid { host } else { 0 },
+            gid: if groups.contains(&owner.gid) { host } else { 0 },
+            mode: owner.mode,
+        };
+        Self {
+            dirs: map(&self.dirs),
+            files: self.files.iter().map(map).collect(),
+        }
+    }
+}
+
 /// Whether `name` can stand for one directory level: not empty, `.` or `..`, without `/` or
 /// NUL (what a name from the API must be before it is joined to a host path).
 fn is_plain_name(name: &str) -> bool {
@@ -424,11 +568,32 @@ pub(crate) fn claim_dir(
     Ok(base.join(namespace).join(claim))
 }
 
+/// Gives the file or directory `fd` to `owner` (its owner and group first, then its mode, as
+/// changing the owner may clear set-group-ID).
+fn apply(fd: &OwnedFd, owner: &Owner) -> std::io::Result<()> {
+    rustix::fs::fchown(
+        fd,
+        Some(rustix::fs::Uid::from_raw(owner.uid)),
+        Some(rustix::fs::Gid::from_raw(owner.gid)),
+    )?;
+    rustix::fs::fchmod(fd, rustix::fs::Mode::from_raw_mode(owner.mode))?;
+    Ok(())
+}
+
 /// Writes `files` into `dir` (the kubelet's own), which is emptied first (a volume shows its
 /// current data only): each file made afresh through directory handles, never following a
-/// symbolic link, and given to `owner` (a root kubelet's pod uid, so that the pod reads files
-/// of mode 0400) before its data is written.
-pub(crate) fn write_files(dir: &Path, files: &[File], owner: Option<u32>) -> std::io::Result<()> {
+/// symbolic link.
+///
+/// With `ownership` (a root kubelet's: [`ownership`] in host ids, [`Ownership::on_host`]),
+/// `dir` and the directories below it get `ownership.dirs`, and each file its entry of
+/// `ownership.files` before its data is written. Without it (a kubelet that is not root, which
+/// cannot give files away) files and directories stay the kubelet's, which is the pod's user
+/// too, and files have their own mode.
+pub(crate) fn write_files(
+    dir: &Path,
+    files: &[File],
+    ownership: Option<&Ownership>,
+) -> std::io::Result<()> {
     use rustix::fs::{Mode, OFlags};
     use std::io::Write as _;
     match std::fs::remove_dir_all(dir) {
@@ -438,14 +603,21 @@ pub(crate) fn write_files(dir: &Path, files: &[File], owner: Option<u32>) -> std
     }
     std::fs::create_dir_all(dir)?;
     let top = open_dir(dir)?;
-    for file in files {
+    if let Some(ownership) = ownership {
+        apply(&top, &ownership.dirs)?;
+    }
+    for (index, file) in files.iter().enumerate() {
         let mut parts: Vec<&str> = file.path.split('/').filter(|p| !p.is_empty()).collect();
         let Some(name) = parts.pop() else {
             continue;
         };
         let mut parent = rustix::io::dup(&top)?;
         for part in parts {
-            parent = open_or_make_dir(&parent, part)?.0;
+            let (fd, made) = open_or_make_dir(&parent, part)?;
+            if let Some(ownership) = ownership.filter(|_| made) {
+                apply(&fd, &ownership.dirs)?;
+            }
+            parent = fd;
         }
         let fd = rustix::fs::openat(
             &parent,
@@ -453,14 +625,18 @@ pub(crate) fn write_files(dir: &Path, files: &[File], owner: Option<u32>) -> std
             OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::WRONLY | OFlags::CLOEXEC,
             Mode::from_raw_mode(0o600),
         )?;
-        if let Some(owner) = owner {
-            rustix::fs::fchown(
-                &fd,
-                Some(rustix::fs::Uid::from_raw(owner)),
-                Some(rustix::fs::Gid::from_raw(owner)),
-            )?;
+        match ownership {
+            Some(ownership) => {
+                let owner = ownership.files.get(index).ok_or_else(|| {
+                    std::io::Error::new(
+                        std::io::ErrorKind::InvalidInput,
+                        format!("no owner decided for {:?}", file.path),
+                    )
+                })?;
+                apply(&fd, owner)?;
+            }
+            None => rustix::fs::fchmod(&fd, Mode::from_raw_mode(file.mode))?,
         }
-        rustix::fs::fchmod(&fd, Mode::from_raw_mode(file.mode))?;
         std::fs::File::from(fd).write_all(&file.data)?;
     }
     Ok(())
@@ -469,6 +645,7 @@ pub(crate) fn write_files(dir: &Path, files: &[File], owner: Option<u32>) -> std
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pretty_assertions::assert_eq;
     use serde_json::json;
 
     /// The volume the API server's ServiceAccount admission adds.
@@ -648,5 +825,295 @@ mod tests {
         write_files(&volume, &files, None).unwrap();
         assert!(!outside.path().join("key").exists());
         assert!(volume.join("sub").is_dir());
+    }
+
+    /// A pod of `containers` with the pod-level `security` context.
+    fn pod_with(security: Value, containers: Value) -> Value {
+        json!({"metadata": {"namespace": "default", "name": "p"},
+               "spec": {"securityContext": security, "containers": containers}})
+    }
+
+    fn file(path: &str, mode: u32) -> File {
+        File {
+            path: path.to_owned(),
+            data: Vec::new(),
+            mode,
+        }
+    }
+
+    fn owner(uid: u32, gid: u32, mode: u32) -> Owner {
+        Owner { uid, gid, mode }
+    }
+
+    /// The router's case: its signing key's Secret with `defaultMode` 0400, the pod running as
+    /// 65532. Without `fsGroup` root owns the key and nobody else may read it (the router
+    /// crash-looped on a node); with `fsGroup: 65532` the key is the group's, 0440.
+    #[test]
+    fn secret_files_belong_to_root_and_to_the_fs_group_with_group_read() {
+        let volume = json!({"name": "signing-key",
+            "secret": {"secretName": "sandbox-router-signing-key", "defaultMode": 0o400}});
+        let files = [file("key", 0o400), file("sub/other", 0o600)];
+        let containers = json!([{"name": "router"}]);
+        let without = pod_with(
+            json!({"runAsUser": 65532, "runAsGroup": 65532}),
+            containers.clone(),
+        );
+        assert_eq!(
+            ownership(&without, &volume, &files),
+            Ownership {
+                dirs: owner(0, 0, 0o755),
+                files: vec![owner(0, 0, 0o400), owner(0, 0, 0o600)],
+            }
+        );
+        let with = pod_with(
+            json!({"runAsUser": 65532, "runAsGroup": 65532, "fsGroup": 65532}),
+            containers,
+        );
+        assert_eq!(
+            ownership(&with, &volume, &files),
+            Ownership {
+                dirs: owner(0, 65532, 0o2755),
+                files: vec![owner(0, 65532, 0o440), owner(0, 65532, 0o640)],
+            }
+        );
+    }
+
+    #[test]
+    fn config_map_and_downward_api_files_follow_the_same_rules() {
+        let files = [file("renamed", 0o644), file("x", 0o755)];
+        let pod = pod_with(json!({"fsGroup": 3000}), json!([{"name": "main"}]));
+        for volume in [
+            json!({"name": "c", "configMap": {"name": "settings"}}),
+            json!({"name": "d", "downwardAPI": {"items": []}}),
+        ] {
+            assert_eq!(
+                ownership(&pod, &volume, &files).files,
+                [owner(0, 3000, 0o644), owner(0, 3000, 0o755)]
+            );
+        }
+        let none = pod_with(json!({}), json!([{"name": "main"}]));
+        assert_eq!(
+            ownership(
+                &none,
+                &json!({"name": "c", "configMap": {"name": "s"}}),
+                &files
+            ),
+            Ownership {
+                dirs: owner(0, 0, 0o755),
+                files: vec![owner(0, 0, 0o644), owner(0, 0, 0o755)],
+            }
+        );
+    }
+
+    /// The files of [`kube_api_access`]: token, ca.crt, namespace.
+    fn access_files() -> [File; 3] {
+        [
+            file("token", 0o644),
+            file("ca.crt", 0o644),
+            file("namespace", 0o644),
+        ]
+    }
+
+    #[test]
+    fn a_projected_token_goes_to_the_one_user_every_container_runs_as() {
+        let volume = kube_api_access();
+        // Set on the pod, inherited by both containers, an init container saying the same.
+        let pod = json!({"spec": {"securityContext": {"runAsUser": 1000},
+            "initContainers": [{"name": "init", "securityContext": {"runAsUser": 1000}}],
+            "containers": [{"name": "a"}, {"name": "b"}]}});
+        assert_eq!(
+            ownership(&pod, &volume, &access_files()).files,
+            [
+                owner(1000, 0, 0o600),
+                owner(0, 0, 0o644),
+                owner(0, 0, 0o644)
+            ]
+        );
+        // Set on each container only.
+        let pod = pod_with(
+            json!({}),
+            json!([{"name": "a", "securityContext": {"runAsUser": 7}},
+                   {"name": "b", "securityContext": {"runAsUser": 7}}]),
+        );
+        assert_eq!(
+            ownership(&pod, &volume, &access_files()).files[0],
+            owner(7, 0, 0o600)
+        );
+        // With fsGroup too: the user's, the group's, 0640.
+        let pod = pod_with(
+            json!({"runAsUser": 1000, "fsGroup": 2000}),
+            json!([{"name": "a"}]),
+        );
+        assert_eq!(
+            ownership(&pod, &volume, &access_files()),
+            Ownership {
+                dirs: owner(0, 2000, 0o2755),
+                files: vec![
+                    owner(1000, 2000, 0o640),
+                    owner(0, 2000, 0o644),
+                    owner(0, 2000, 0o644)
+                ],
+            }
+        );
+    }
+
+    #[test]
+    fn without_one_user_for_every_container_the_token_is_roots() {
+        let volume = kube_api_access();
+        let root_owned = [owner(0, 0, 0o644), owner(0, 0, 0o644), owner(0, 0, 0o644)];
+        for pod in [
+            // A container overrides the pod's user.
+            pod_with(
+                json!({"runAsUser": 1000}),
+                json!([{"name": "a"}, {"name": "b", "securityContext": {"runAsUser": 2000}}]),
+            ),
+            // An init container runs as another user.
+            json!({"spec": {"securityContext": {"runAsUser": 1000},
+                "initContainers": [{"name": "i", "securityContext": {"runAsUser": 0}}],
+                "containers": [{"name": "a"}]}}),
+            // One container has no user (its image's would be used: unknown).
+            pod_with(
+                json!({}),
+                json!([{"name": "a", "securityContext": {"runAsUser": 1000}}, {"name": "b"}]),
+            ),
+            // Nobody sets one.
+            pod_with(json!({}), json!([{"name": "a"}])),
+        ] {
+            assert_eq!(
+                ownership(&pod, &volume, &access_files()).files,
+                root_owned,
+                "{pod}"
+            );
+        }
+        // With fsGroup, root's token is still 0600 before the group's read: 0640.
+        let pod = pod_with(
+            json!({"fsGroup": 2000}),
+            json!([{"name": "a", "securityContext": {"runAsUser": 1}},
+                   {"name": "b", "securityContext": {"runAsUser": 2}}]),
+        );
+        assert_eq!(
+            ownership(&pod, &volume, &access_files()).files,
+            [
+                owner(0, 2000, 0o640),
+                owner(0, 2000, 0o644),
+                owner(0, 2000, 0o644)
+            ]
+        );
+    }
+
+    #[test]
+    fn only_a_token_source_gives_a_file_to_the_user() {
+        let pod = pod_with(json!({"runAsUser": 1000}), json!([{"name": "a"}]));
+        let secret = json!({"name": "s", "secret": {"secretName": "s", "defaultMode": 0o400}});
+        assert_eq!(
+            ownership(&pod, &secret, &[file("token", 0o400)]).files,
+            [owner(0, 0, 0o400)]
+        );
+        let projected = json!({"name": "p", "projected": {"sources": [
+            {"secret": {"name": "s"}},
+            {"serviceAccountToken": {"path": "sa/token"}}]}});
+        assert_eq!(
+            ownership(
+                &pod,
+                &projected,
+                &[file("key", 0o400), file("sa/token", 0o644)]
+            )
+            .files,
+            [owner(0, 0, 0o400), owner(1000, 0, 0o600)]
+        );
+    }
+
+    #[test]
+    fn on_the_host_the_pods_own_ids_become_its_host_id_and_others_stay_roots() {
+        const HOST: u32 = 0x7000_0042;
+        let router = Identity {
+            uid: 65532,
+            gid: 65532,
+        };
+        let decided = Ownership {
+            dirs: owner(0, 65532, 0o2755),
+            files: vec![owner(0, 65532, 0o440), owner(65532, 0, 0o600)],
+        };
+        let pod = pod_with(json!({"runAsUser": 65532, "fsGroup": 65532}), json!([]));
+        assert_eq!(
+            decided.on_host(&pod, router, HOST),
+            Ownership {
+                dirs: owner(0, HOST, 0o2755),
+                files: vec![owner(0, HOST, 0o440), owner(HOST, 0, 0o600)],
+            }
+        );
+        // An fsGroup other than the pod's own group is the pod's too (a supplementary group
+        // on a node); root's group is not, unless the pod has it.
+        let decided = Ownership {
+            dirs: owner(0, 0, 0o755),
+            files: vec![owner(0, 4000, 0o440), owner(0, 0, 0o440)],
+        };
+        let pod = pod_with(json!({"fsGroup": 4000}), json!([]));
+        assert_eq!(
+            decided.on_host(&pod, router, HOST).files,
+            [owner(0, HOST, 0o440), owner(0, 0, 0o440)]
+        );
+        let pod = pod_with(json!({"supplementalGroups": [0]}), json!([]));
+        assert_eq!(
+            decided.on_host(&pod, router, HOST).files,
+            [owner(0, 0, 0o440), owner(0, HOST, 0o440)]
+        );
+        // A pod that runs as root (without capabilities here) owns root's files.
+        let root = Identity { uid: 0, gid: 0 };
+        assert_eq!(
+            decided.on_host(&pod_with(json!({}), json!([])), root, HOST),
+            Ownership {
+                dirs: owner(HOST, HOST, 0o755),
+                files: vec![owner(HOST, 0, 0o440), owner(HOST, HOST, 0o440)],
+            }
+        );
+    }
+
+    #[test]
+    fn a_root_kubelet_writes_the_owners_and_modes_it_is_given() {
+        use std::os::unix::fs::MetadataExt as _;
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("skipping: giving files to other users needs root");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let volume = dir.path().join("v");
+        let files = [
+            File {
+                path: "key".into(),
+                data: b"s3cret".to_vec(),
+                mode: 0o400,
+            },
+            File {
+                path: "sa/token".into(),
+                data: b"jwt".to_vec(),
+                mode: 0o644,
+            },
+        ];
+        let ownership = Ownership {
+            dirs: owner(0, 4242, 0o2755),
+            files: vec![owner(0, 4242, 0o440), owner(4343, 0, 0o600)],
+        };
+        write_files(&volume, &files, Some(&ownership)).unwrap();
+        let got = |path: &str| {
+            let metadata = std::fs::symlink_metadata(volume.join(path)).unwrap();
+            owner(metadata.uid(), metadata.gid(), metadata.mode() & 0o7777)
+        };
+        assert_eq!(
+            ["", "sa", "key", "sa/token"].map(got),
+            [
+                owner(0, 4242, 0o2755),
+                owner(0, 4242, 0o2755),
+                owner(0, 4242, 0o440),
+                owner(4343, 0, 0o600)
+            ]
+        );
+        assert_eq!(std::fs::read(volume.join("sa/token")).unwrap(), b"jwt");
+        // Fewer owners than files is a mistake, refused rather than guessed.
+        let short = Ownership {
+            dirs: ownership.dirs,
+            files: Vec::new(),
+        };
+        assert!(write_files(&volume, &files, Some(&short)).is_err());
     }
 }

@@ -1,8 +1,9 @@
 //! What a Deployment's pod needs from its node, through kube-rs against the sim (whose node is
 //! this kubelet): Secret, ConfigMap and downward-API volumes at absolute paths under a read-only
-//! root (with `items`, modes and `optional`), a mount that waits for its Secret, liveness probes
-//! that restart a container, and wildcard listen addresses narrowed to the pod IP so that two
-//! pods can bind the same port.
+//! root (with `items`, modes and `optional`), owned as a node owns them (root's, readable by a
+//! pod that is not root only through `fsGroup` when the mode says so), a mount that waits for
+//! its Secret, liveness probes that restart a container, and wildcard listen addresses narrowed
+//! to the pod IP so that two pods can bind the same port.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::time::Duration;
@@ -60,9 +61,11 @@ async fn projection_volumes_appear_at_their_mount_paths_read_only_with_their_mod
                   ls /etc/app/settings; test -e /etc/hostname && echo host-etc-still-there; \
                   touch /etc/app/key/new 2>/dev/null || echo volume-read-only; \
                   touch /etc/new 2>/dev/null || echo etc-read-only";
+    // The pod runs as 1000 (this node's default user): the Secret's 0400 files are root's on a
+    // node, readable through fsGroup.
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": "mounts"},
-        "spec": {"restartPolicy": "Never",
+        "spec": {"restartPolicy": "Never", "securityContext": {"fsGroup": 3000},
             "containers": [{"name": "main", "image": "busybox", "command": ["sh", "-c", script],
                 "volumeMounts": [
                     {"name": "key", "mountPath": "/etc/app/key", "readOnly": true},
@@ -114,11 +117,81 @@ async fn projection_volumes_appear_at_their_mount_paths_read_only_with_their_mod
         (phase(&pods.get("mounts").await.unwrap()) == "Succeeded").then_some(())
     })
     .await;
+    // A root kubelet applies fsGroup as a node does (group read added); one that is not root
+    // cannot, and leaves the files its own (the pod's user's) with their modes.
+    let key_mode = if sim.protections().host_ids {
+        "440"
+    } else {
+        "400"
+    };
     assert_eq!(
         logs(&pods, "mounts").await,
-        "400 /etc/app/key/key\n640 /etc/app/settings/renamed\ns3cretbluemounts\nrenamed\n\
-         host-etc-still-there\nvolume-read-only\netc-read-only\n"
+        format!(
+            "{key_mode} /etc/app/key/key\n640 /etc/app/settings/renamed\ns3cretbluemounts\n\
+             renamed\nhost-etc-still-there\nvolume-read-only\netc-read-only\n"
+        )
     );
+    sim.stop().await;
+}
+
+/// The router's signing key as deploy/base mounts it: a Secret volume with `defaultMode` 0400
+/// in a pod that runs as 65532. On a node the key belongs to root, so without `fsGroup` the
+/// router cannot read it (it crash-looped on the node tier while this kubelet gave the file to
+/// the pod's user); with `fsGroup: 65532` it reads it as the file's group, mode 0440. Only a
+/// root kubelet can own files as a node does: skipped otherwise (a failure under `CI=true`).
+#[tokio::test]
+async fn a_0400_secret_is_readable_by_a_pod_that_is_not_root_only_through_its_fs_group() {
+    if missing(Tool::Confinement) {
+        return;
+    }
+    let sim = Sim::start(SimConfig::default().isolation(Isolation::Confined))
+        .await
+        .unwrap();
+    if !sim.protections().host_ids {
+        let message = "a kubelet that is not root cannot give volume files to root or a group \
+                       (run as root)";
+        assert!(std::env::var_os("CI").is_none(), "{message}");
+        eprintln!("skipping: {message}");
+        sim.stop().await;
+        return;
+    }
+    let client = sim.client().unwrap();
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "sandbox-router-signing-key"}, "stringData": {"key": "s3cret"}}))
+    .unwrap();
+    Api::<Secret>::default_namespaced(client.clone())
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::default_namespaced(client);
+    let script = "stat -c '%a' /etc/sandbox-router/signing-key/key; \
+                  cat /etc/sandbox-router/signing-key/key 2>/dev/null && echo || echo denied";
+    for (name, fs_group, expected) in [
+        ("without-fs-group", None, "400\ndenied\n"),
+        ("with-fs-group", Some(65532), "440\ns3cret\n"),
+    ] {
+        let mut security = json!({"runAsNonRoot": true, "runAsUser": 65532, "runAsGroup": 65532});
+        if let Some(group) = fs_group {
+            security["fsGroup"] = json!(group);
+        }
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"restartPolicy": "Never", "securityContext": security,
+                "containers": [{"name": "router", "image": "busybox",
+                    "command": ["sh", "-c", script],
+                    "volumeMounts": [{"name": "signing-key",
+                        "mountPath": "/etc/sandbox-router/signing-key", "readOnly": true}]}],
+                "volumes": [{"name": "signing-key", "secret": {
+                    "secretName": "sandbox-router-signing-key", "defaultMode": 0o400}}]}
+        }))
+        .unwrap();
+        pods.create(&PostParams::default(), &pod).await.unwrap();
+        eventually("the pod to succeed", || async {
+            (phase(&pods.get(name).await.unwrap()) == "Succeeded").then_some(())
+        })
+        .await;
+        assert_eq!(logs(&pods, name).await, expected, "{name}");
+    }
     sim.stop().await;
 }
 

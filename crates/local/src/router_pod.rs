@@ -340,12 +340,15 @@ async fn create_pod_in(
             "metadata": {"name": name, "namespace": ns,
                          "labels": {labels::ROUTER_APP: labels::ROUTER_APP_VALUE}},
             // The security context of deploy/base's router, which Pod Security admission
-            // ("restricted", the label of its namespace there) requires.
+            // ("restricted", the label of its namespace there) requires. The auth Secret's
+            // files belong to root with mode 0400, as on a node: the router reads them as their
+            // group (fsGroup).
             "spec": {
                 // deploy/base's ServiceAccount, whose token the volume above projects.
                 "serviceAccountName": SERVICE_ACCOUNT,
                 "automountServiceAccountToken": false,
                 "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "runAsGroup": 65532,
+                                    "fsGroup": 65532,
                                     "seccompProfile": {"type": "RuntimeDefault"}},
                 "containers": [{
                     "name": "router", "image": ROUTER_IMAGE,
