@@ -199,6 +199,11 @@ pub struct ClusterUnderTest {
     pub template: String,
     /// Its SandboxWarmPool.
     pub pool: String,
+    /// The template of the pools the scenarios make for themselves: [`Self::template`]'s copy
+    /// (`e2e-<run>-<template>`, labelled with the run) whose containers request a tenth of the
+    /// CPU, so that a small node (a real one of two CPUs) holds the scenarios' pools besides
+    /// the sandboxes of [`Self::pool`]. Everything else is the template's.
+    pub scenario_template: String,
     /// The RuntimeClass the template's pods run under (`None`: the node's default runtime).
     pub runtime_class: Option<String>,
     /// The pools of the run's further passes, after the first on [`Self::pool`]: on the node
@@ -438,6 +443,7 @@ impl ClusterUnderTest {
             namespace,
             template,
             pool,
+            scenario_template: String::new(),
             runtime_class: None,
             further_passes,
             router: RouterAccess {
@@ -458,12 +464,13 @@ impl ClusterUnderTest {
             backing,
             _internet: internet,
         };
+        let mut cluster = cluster;
         cluster.preflight().await?;
         Ok(cluster)
     }
 
     /// The template and pool exist and the pool is Ready, or an error saying what to install.
-    async fn preflight(&self) -> Result<()> {
+    async fn preflight(&mut self) -> Result<()> {
         let templates: Api<SandboxTemplate> = self.api();
         if get(&templates, &self.template).await?.is_none() {
             return Err(Error::Config(format!(
@@ -485,6 +492,7 @@ impl ClusterUnderTest {
             )));
         };
         wait_pool_ready(&pools, &self.pool, pool.spec.replicas.min(1)).await?;
+        self.scenario_template = self.copy_template_with_small_requests().await?;
         if self.router.signing_key.is_none() && self.router.token.is_none() {
             tracing::info!(
                 "no Secret {}/{} and no {}: assuming a router with --auth none",
@@ -535,6 +543,49 @@ impl ClusterUnderTest {
     /// (the simulated cluster and the tiers the suite starts; not a kubeconfig's cluster).
     pub fn nodes_share_this_kernel(&self) -> bool {
         !matches!(self.backing, Backing::External)
+    }
+
+    /// Creates [`Self::scenario_template`] from [`Self::template`] (see there); returns its name.
+    async fn copy_template_with_small_requests(&self) -> Result<String> {
+        let templates: Api<SandboxTemplate> = self.api();
+        let Some(original) = get(&templates, &self.template).await? else {
+            return Err(Error::Config(format!(
+                "SandboxTemplate {}/{} is missing",
+                self.namespace, self.template
+            )));
+        };
+        let name = format!("e2e-{}-{}", self.run, self.template);
+        let mut spec = serde_json::to_value(&original.spec)
+            .map_err(|e| Error::Config(format!("template {}: {e}", self.template)))?;
+        if let Some(containers) = spec
+            .pointer_mut("/podTemplate/spec/containers")
+            .and_then(serde_json::Value::as_array_mut)
+        {
+            for container in containers {
+                let Some(cpu) = container.pointer_mut("/resources/requests/cpu") else {
+                    continue;
+                };
+                let millis = cpu.as_str().and_then(cpu_millis).unwrap_or(100);
+                *cpu = serde_json::Value::from(format!("{}m", (millis / 10).max(1)));
+            }
+        }
+        let copy: SandboxTemplate = serde_json::from_value(serde_json::json!({
+            "apiVersion": agent_sandbox_api::EXTENSIONS_API_VERSION,
+            "kind": agent_sandbox_api::kinds::SANDBOX_TEMPLATE,
+            "metadata": {"name": name, "namespace": self.namespace,
+                         "labels": {(RUN_LABEL): self.run}},
+            "spec": spec,
+        }))
+        .map_err(|e| Error::Config(format!("template {name}: {e}")))?;
+        templates
+            .patch(
+                &name,
+                &PatchParams::apply("agent-sandbox-e2e").force(),
+                &Patch::Apply(&copy),
+            )
+            .await
+            .map_err(Error::kube(format!("create SandboxTemplate {name}")))?;
+        Ok(name)
     }
 
     /// An API handle in the run's namespace.
@@ -671,6 +722,17 @@ impl ClusterUnderTest {
                 .delete(&pool.name_any(), &DeleteParams::default())
                 .await;
         }
+        let templates: Api<SandboxTemplate> = self.api();
+        for template in templates
+            .list(&selector)
+            .await
+            .map_err(Error::kube("list this run's templates"))?
+        {
+            // Made by the run itself (the scenarios' template), not left behind by a scenario.
+            let _ = templates
+                .delete(&template.name_any(), &DeleteParams::default())
+                .await;
+        }
         for sandbox in sandboxes
             .list(&selector)
             .await
@@ -776,4 +838,38 @@ pub(crate) fn scratch_dir() -> Result<tempfile::TempDir> {
         "create a scratch directory in",
         "target/ or /var/tmp",
     ))
+}
+
+/// A CPU quantity in millicores (`250m`, `1`, `0.5`), or `None` when it is neither form.
+fn cpu_millis(quantity: &str) -> Option<u64> {
+    if let Some(millis) = quantity.strip_suffix('m') {
+        return millis.parse().ok();
+    }
+    let (whole, fraction) = quantity.split_once('.').unwrap_or((quantity, ""));
+    if fraction.len() > 3 || !fraction.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let whole: u64 = if whole.is_empty() {
+        0
+    } else {
+        whole.parse().ok()?
+    };
+    let fraction: u64 = format!("{fraction:0<3}").parse().ok()?;
+    whole.checked_mul(1000)?.checked_add(fraction)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cpu_millis;
+
+    #[test]
+    fn cpu_quantities_in_millicores() {
+        assert_eq!(cpu_millis("250m"), Some(250));
+        assert_eq!(cpu_millis("1"), Some(1000));
+        assert_eq!(cpu_millis("0.5"), Some(500));
+        assert_eq!(cpu_millis(".25"), Some(250));
+        assert_eq!(cpu_millis("2.125"), Some(2125));
+        assert_eq!(cpu_millis("1.0001"), None);
+        assert_eq!(cpu_millis("1Ki"), None);
+    }
 }

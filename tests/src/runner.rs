@@ -113,9 +113,16 @@ fn parse(args: impl Iterator<Item = String>) -> Result<Args, String> {
 }
 
 fn jobs(args: &Args) -> usize {
+    let default = match args.target {
+        // The real node has this machine's CPUs (two here): after the system's pods and the
+        // pool's two members, room for about four sandboxes of `deploy/sandboxes`' template,
+        // which the scenarios claiming from the pool share.
+        Some(Target::Node { .. }) => 2,
+        _ => 4,
+    };
     args.jobs
         .or_else(|| std::env::var(env::JOBS).ok()?.parse().ok())
-        .unwrap_or(4)
+        .unwrap_or(default)
         .max(1)
 }
 

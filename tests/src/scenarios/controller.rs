@@ -67,7 +67,7 @@ pub(super) async fn a_warm_claim_adopts_a_running_member_and_the_pool_refills(
     let pool_name = cluster.name("warm");
     create(
         &pools,
-        &pool(&pool_name, &cluster.template, 1, &cluster.run),
+        &pool(&pool_name, &cluster.scenario_template, 1, &cluster.run),
     )
     .await?;
     wait_pool_ready(&pools, &pool_name, 1).await?;
@@ -150,7 +150,7 @@ pub(super) async fn concurrent_claims_get_distinct_sandboxes_warm_then_cold(
     let pool_name = cluster.name("burst");
     create(
         &pools,
-        &pool(&pool_name, &cluster.template, 2, &cluster.run),
+        &pool(&pool_name, &cluster.scenario_template, 2, &cluster.run),
     )
     .await?;
     wait_pool_ready(&pools, &pool_name, 2).await?;

@@ -193,7 +193,7 @@ pub(super) async fn a_killed_clients_claim_is_gone_after_its_pools_default_idle_
     let pools: Api<SandboxWarmPool> = cluster.api();
     let claims: Api<SandboxClaim> = cluster.api();
     let name = cluster.name("idle-pool");
-    let mut leaky = pool(&name, &cluster.template, 1, &cluster.run);
+    let mut leaky = pool(&name, &cluster.scenario_template, 1, &cluster.run);
     leaky.spec.claim_defaults = Some(ClaimDefaults {
         idle_lifecycle: Some(IdleLifecycle {
             active_ttl_seconds: Some(5),

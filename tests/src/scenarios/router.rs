@@ -406,7 +406,7 @@ pub(super) async fn under_upstreams_pods_only_rbac_unclaimed_pool_members_are_re
         // A pool of this scenario's own, so that no other scenario claims its members.
         let pool_name = cluster.name("pods-only-pool");
         let pools: Api<SandboxWarmPool> = cluster.api();
-        create(&pools, &pool(&pool_name, &cluster.template, 2, &cluster.run)).await?;
+        create(&pools, &pool(&pool_name, &cluster.scenario_template, 2, &cluster.run)).await?;
         wait_pool_ready(&pools, &pool_name, 2).await?;
 
         let kubeconfig = token_kubeconfig(&cluster.kubeconfig, &token, cluster.scratch(), &pool_name)?;
