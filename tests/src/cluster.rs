@@ -565,7 +565,10 @@ impl ClusterUnderTest {
                 let Some(cpu) = container.pointer_mut("/resources/requests/cpu") else {
                     continue;
                 };
-                let millis = cpu.as_str().and_then(cpu_millis).unwrap_or(100);
+                let millis = cpu
+                    .as_str()
+                    .and_then(|q| agent_sandbox_api::units::parse_quantity_milli(q).ok())
+                    .unwrap_or(100);
                 *cpu = serde_json::Value::from(format!("{}m", (millis / 10).max(1)));
             }
         }
@@ -838,38 +841,4 @@ pub(crate) fn scratch_dir() -> Result<tempfile::TempDir> {
         "create a scratch directory in",
         "target/ or /var/tmp",
     ))
-}
-
-/// A CPU quantity in millicores (`250m`, `1`, `0.5`), or `None` when it is neither form.
-fn cpu_millis(quantity: &str) -> Option<u64> {
-    if let Some(millis) = quantity.strip_suffix('m') {
-        return millis.parse().ok();
-    }
-    let (whole, fraction) = quantity.split_once('.').unwrap_or((quantity, ""));
-    if fraction.len() > 3 || !fraction.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let whole: u64 = if whole.is_empty() {
-        0
-    } else {
-        whole.parse().ok()?
-    };
-    let fraction: u64 = format!("{fraction:0<3}").parse().ok()?;
-    whole.checked_mul(1000)?.checked_add(fraction)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::cpu_millis;
-
-    #[test]
-    fn cpu_quantities_in_millicores() {
-        assert_eq!(cpu_millis("250m"), Some(250));
-        assert_eq!(cpu_millis("1"), Some(1000));
-        assert_eq!(cpu_millis("0.5"), Some(500));
-        assert_eq!(cpu_millis(".25"), Some(250));
-        assert_eq!(cpu_millis("2.125"), Some(2125));
-        assert_eq!(cpu_millis("1.0001"), None);
-        assert_eq!(cpu_millis("1Ki"), None);
-    }
 }
