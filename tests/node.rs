@@ -1,14 +1,14 @@
 //! A real node joined to the control-plane tier (`harness = false`: the run must first move
 //! into namespaces of its own, [`netns::Layout::Node`]): the control plane of `cargo xtask
 //! tools`, containerd, the real kubelet, CNI `bridge`/`host-local`/`portmap`/`loopback` and
-//! kube-network-policies from `cargo xtask tools --node`, Debian's `runc` and `catatonit`.
+//! the NetworkPolicy enforcer from `cargo xtask tools --node` (`node::Enforcer`:
+//! kube-network-policies, or kube-router where the kernel lacks nftables' queue statement),
+//! Debian's `runc`, `catatonit`, `iptables` and `ipset`.
 //!
 //! A pod under the `runc` RuntimeClass and one under `gvisor` reach Running with pod IPs from
 //! the CNI range, and a pod connects to each over TCP (it prints what the server answered).
-//! Then a NetworkPolicy that allows no ingress to the servers must make the same connection
-//! fail while kube-network-policies enforces it, and deleting it must let it through again;
-//! where the kernel has no nftables `queue` statement, which the enforcer needs, that part is
-//! skipped saying so (it fails under `CI=true`, like every missing tool).
+//! Then a NetworkPolicy that allows no ingress to the servers must make the connections to both
+//! (runc and gVisor) fail, and deleting it must let them through again.
 //!
 //! The test image is one layer with Debian's static busybox (`busybox-static`, the host's
 //! installed `/bin/busybox`), made here; the pause image is Debian's `catatonit`.
@@ -36,6 +36,8 @@ const POD_WITHIN: Duration = Duration::from_secs(120);
 const PORT: u16 = 8080;
 /// The test's name in reports.
 const TEST: &str = "a_real_node_runs_runc_and_gvisor_pods_and_enforces_network_policies";
+/// How many pods try a connection before the enforcer's verdict must have shown.
+const ATTEMPTS: usize = 5;
 /// What a server answers.
 const ANSWER: &str = "hello-from-the-server";
 
@@ -57,13 +59,6 @@ fn main() {
         Ok(None) => {}
         Err(message) => panic!("{message}"),
     }
-    // Asked here, on a thread named after the part it decides, which the skip report names.
-    let enforce = std::thread::Builder::new()
-        .name(format!("{TEST}::network_policy_blocks_a_connection"))
-        .spawn(|| !testkit::missing(Tool::NftQueue))
-        .unwrap()
-        .join()
-        .unwrap();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -71,7 +66,7 @@ fn main() {
         .unwrap();
     let code = runtime.block_on(async {
         tokio::select! {
-            outcome = tokio::spawn(run(enforce)) => match outcome {
+            outcome = tokio::spawn(run()) => match outcome {
                 Ok(()) => 0,
                 // The panic's message is already on stderr; the node and the plane were
                 // dropped (torn down) while it unwound.
@@ -182,8 +177,8 @@ async fn connect(pods: &Api<Pod>, name: &str, ip: &str) -> (bool, String) {
     (phase == "Succeeded", log)
 }
 
-/// The test; `enforce`: whether kube-network-policies can enforce here.
-async fn run(enforce: bool) {
+/// The test.
+async fn run() {
     let plane_tools = Tools::in_dir(Tool::control_plane_dir().unwrap()).unwrap();
     let node_tools = NodeTools::in_dir(Tool::node_dir().unwrap()).unwrap();
     let plane = ControlPlane::start_for_node_at(plane_tools, NODE, &[&NODE_IP.to_string()])
@@ -277,48 +272,61 @@ async fn run(enforce: bool) {
         );
     }
 
-    if !enforce {
-        // Its first failure (klog writes the error on the lines after `error=<`).
-        let log = node.enforcer_log();
-        let lines: Vec<&str> = log.lines().collect();
-        let first = lines
-            .iter()
-            .position(|line| line.contains("error="))
-            .map_or_else(
-                || "none logged yet".to_owned(),
-                |at| lines[at..lines.len().min(at + 3)].join("\n"),
-            );
-        eprintln!("node: kube-network-policies runs but cannot enforce here:\n{first}");
-    } else {
-        let policies: Api<k8s_openapi::api::networking::v1::NetworkPolicy> =
-            Api::default_namespaced(plane.client().await.unwrap());
-        let deny: k8s_openapi::api::networking::v1::NetworkPolicy = serde_json::from_value(json!({
-            "apiVersion": "networking.k8s.io/v1",
-            "kind": "NetworkPolicy",
-            "metadata": { "name": "servers-take-nothing" },
-            "spec": {
-                "podSelector": { "matchLabels": { "role": "server" } },
-                "policyTypes": ["Ingress"],
-            },
-        }))
+    // NetworkPolicies are programmed a moment after they are stored: each connection below is
+    // tried in a new pod, a bounded number of times, until the enforcer's verdict shows.
+    let enforcer = node.enforcer();
+    eprintln!("node: NetworkPolicies enforced by {}", enforcer.describe());
+    let policies: Api<k8s_openapi::api::networking::v1::NetworkPolicy> =
+        Api::default_namespaced(plane.client().await.unwrap());
+    let deny: k8s_openapi::api::networking::v1::NetworkPolicy = serde_json::from_value(json!({
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": { "name": "servers-take-nothing" },
+        "spec": {
+            "podSelector": { "matchLabels": { "role": "server" } },
+            "policyTypes": ["Ingress"],
+        },
+    }))
+    .unwrap();
+    policies
+        .create(&PostParams::default(), &deny)
+        .await
         .unwrap();
-        policies
-            .create(&PostParams::default(), &deny)
-            .await
-            .unwrap();
-        let (name, ip) = &addresses[0];
-        let (ok, log) = connect(&pods, &format!("blocked-{name}"), ip).await;
+    for (name, ip) in &addresses {
+        let mut seen = Vec::new();
+        for attempt in 1..=ATTEMPTS {
+            let (ok, log) = connect(&pods, &format!("blocked-{name}-{attempt}"), ip).await;
+            if !ok && !log.contains(ANSWER) {
+                eprintln!("node: blocked from {name} at try {attempt}: {}", log.trim());
+                break;
+            }
+            seen.push(log);
+        }
         assert!(
-            !ok && !log.contains(ANSWER),
-            "the NetworkPolicy did not block a pod from {name}: {log}\nkube-network-policies:\n{}",
-            node.log_tail("kube-network-policies", 20)
+            seen.len() < ATTEMPTS,
+            "the NetworkPolicy did not block a pod from {name} in {ATTEMPTS} tries: {seen:?}\n{}:\n{}",
+            enforcer.program(),
+            node.log_tail(enforcer.program(), 20)
         );
-        policies
-            .delete("servers-take-nothing", &DeleteParams::default())
-            .await
-            .unwrap();
-        let (ok, log) = connect(&pods, &format!("allowed-again-{name}"), ip).await;
-        assert!(ok && log.contains(ANSWER), "after the policy went: {log}");
+    }
+    policies
+        .delete("servers-take-nothing", &DeleteParams::default())
+        .await
+        .unwrap();
+    for (name, ip) in &addresses {
+        let mut seen = Vec::new();
+        for attempt in 1..=ATTEMPTS {
+            let (ok, log) = connect(&pods, &format!("allowed-again-{name}-{attempt}"), ip).await;
+            if ok && log.contains(ANSWER) {
+                eprintln!("node: reached {name} again at try {attempt}");
+                break;
+            }
+            seen.push(log);
+        }
+        assert!(
+            seen.len() < ATTEMPTS,
+            "after the policy went, no pod reached {name} in {ATTEMPTS} tries: {seen:?}"
+        );
     }
     drop(node);
     drop(plane);

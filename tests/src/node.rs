@@ -1,8 +1,9 @@
 //! A real Kubernetes node joined to the control plane of [`crate::control_plane`]: containerd
 //! (its CRI plugin, runtimes `runc` and `gvisor`), the real kubelet, the CNI plugins `bridge`,
-//! `host-local`, `portmap` and `loopback`, and `kube-network-policies` enforcing
-//! NetworkPolicies, from the binaries `cargo xtask tools --node` builds and Debian's `runc`
-//! and `catatonit`.
+//! `host-local`, `portmap` and `loopback`, and a real NetworkPolicy enforcer ([`Enforcer`]:
+//! `kube-network-policies`, or `kube-router` where the kernel lacks what that needs), from the
+//! binaries `cargo xtask tools --node` builds and Debian's `runc`, `catatonit`, `iptables` and
+//! `ipset`.
 //!
 //! [`RealNode::start`] must run inside the namespaces of [`crate::netns::Layout::Node`]: a
 //! network namespace where the CNI bridge routes the pod range, a private mount namespace
@@ -56,6 +57,54 @@ pub const PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.10";
 const CRI_NAMESPACE: &str = "k8s.io";
 /// The RuntimeClasses the node offers, and the containerd runtimes (handlers) behind them.
 pub const RUNTIME_CLASSES: [&str; 2] = ["runc", "gvisor"];
+/// The program that enforces NetworkPolicies on the node: SIG Network's reference where the
+/// kernel lets it work, else kube-router's NetworkPolicy controller. Both are real
+/// implementations nobody here wrote; which one ran is in the report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Enforcer {
+    /// `kube-network-policies`, the SIG Network reference: nftables rules, each connection's
+    /// first packet handed to its verdict through nftables' queue statement.
+    KubeNetworkPolicies,
+    /// `kube-router --run-firewall` alone: iptables chains per pod and ipsets of pod
+    /// addresses, for kernels without nftables' queue statement (`CONFIG_NFT_QUEUE`).
+    KubeRouter,
+}
+
+impl Enforcer {
+    /// The reference where this kernel has nftables' queue statement, else kube-router.
+    pub fn for_this_kernel() -> Self {
+        match agent_sandbox_local::testkit::Tool::NftQueue.unavailable() {
+            None => Self::KubeNetworkPolicies,
+            Some(_) => Self::KubeRouter,
+        }
+    }
+
+    /// Its program (also its ServiceAccount and ClusterRole in `kube-system`, and its log's
+    /// name).
+    pub fn program(self) -> &'static str {
+        match self {
+            Self::KubeNetworkPolicies => "kube-network-policies",
+            Self::KubeRouter => "kube-router",
+        }
+    }
+
+    /// What a report says about it: its name, and for kube-router why not the reference.
+    pub fn describe(self) -> String {
+        match self {
+            Self::KubeNetworkPolicies => {
+                "kube-network-policies (the SIG Network reference, nftables)".to_owned()
+            }
+            Self::KubeRouter => format!(
+                "kube-router's NetworkPolicy controller (iptables, ipsets), not the reference \
+                 kube-network-policies: {}",
+                agent_sandbox_local::testkit::Tool::NftQueue
+                    .unavailable()
+                    .unwrap_or_default()
+            ),
+        }
+    }
+}
+
 /// Within this, each step of the start is done (usually in well under a tenth).
 const STEP: Duration = Duration::from_secs(120);
 /// kube-proxy's health and metrics addresses (in the node's network namespace).
@@ -142,8 +191,8 @@ pub struct RealNode {
     cgroup: String,
     /// The admin's kubeconfig (the control plane's).
     kubeconfig: PathBuf,
-    /// kube-network-policies' log.
-    enforcer_log: PathBuf,
+    /// The NetworkPolicy enforcer it runs.
+    enforcer: Enforcer,
 }
 
 impl std::fmt::Debug for RealNode {
@@ -169,7 +218,7 @@ fn outside_namespaces() -> Error {
 
 impl RealNode {
     /// Starts containerd, the kubelet (joined to `plane` as [`NODE`] with the node's
-    /// credentials) and kube-network-policies, creates the RuntimeClasses, and returns once
+    /// credentials) and the NetworkPolicy enforcer, creates the RuntimeClasses, and returns once
     /// the Node is Ready. `plane` must have been started with
     /// [`ControlPlane::start_for_node_at`] for [`NODE`] at [`NODE_IP`].
     pub async fn start(plane: &ControlPlane, tools: NodeTools) -> Result<Self> {
@@ -184,7 +233,7 @@ impl RealNode {
         let dir = crate::cluster::scratch_dir()?;
         let mut node = Self {
             socket: dir.path().join("containerd.sock"),
-            enforcer_log: dir.path().join("kube-network-policies.log"),
+            enforcer: Enforcer::for_this_kernel(),
             kubeconfig: plane.kubeconfig().to_path_buf(),
             dir,
             tools,
@@ -224,10 +273,11 @@ impl RealNode {
         node.start_enforcer(plane).await?;
         node.start_proxy(plane).await?;
         eprintln!(
-            "e2e: node {NODE} ready in {:.1} s (containerd {}, {})",
+            "e2e: node {NODE} ready in {:.1} s (containerd {}, {}); NetworkPolicies enforced by {}",
             started.elapsed().as_secs_f64(),
             node.socket.display(),
-            node.dir.path().display()
+            node.dir.path().display(),
+            node.enforcer.describe()
         );
         Ok(node)
     }
@@ -242,7 +292,6 @@ impl RealNode {
         let conf_dir = self.dir.path().join("cni-conf");
         std::fs::create_dir_all(&conf_dir).map_err(Error::io("create", &conf_dir))?;
         let (subnet, prefix) = POD_SUBNET;
-        let (range, range_prefix) = POD_NETWORK;
         let conflist = json!({
             "cniVersion": "1.0.0",
             "name": "e2e-node",
@@ -251,18 +300,20 @@ impl RealNode {
                     "type": "bridge",
                     "bridge": BRIDGE,
                     "isGateway": true,
-                    "ipMasq": false,
+                    // As a real node does, traffic leaving the pod subnet leaves with the
+                    // node's address (the run's stand-in for the internet routes only its own
+                    // link back).
+                    "ipMasq": true,
+                    "ipMasqBackend": "nftables",
                     "hairpinMode": true,
                     "ipam": {
                         "type": "host-local",
                         "ranges": [[{ "subnet": format!("{subnet}/{prefix}"), "gateway": POD_GATEWAY.to_string() }]],
-                        "routes": [
-                            { "dst": format!("{range}/{range_prefix}") },
-                            { "dst": format!("{NODE_IP}/32") },
-                            // Services' virtual IPs, which kube-proxy's rules on the node
-                            // translate (the `kubernetes` Service above all).
-                            { "dst": crate::control_plane::SERVICE_CIDR },
-                        ],
+                        // As on a real cluster, everything goes through the node, whose
+                        // namespace routes what there is: the pod range, the node's address,
+                        // Services' virtual IPs (translated by kube-proxy's rules) and the run's
+                        // stand-in for the internet.
+                        "routes": [{ "dst": "0.0.0.0/0" }],
                         "dataDir": self.dir.path().join("cni-leases"),
                     },
                 },
@@ -525,38 +576,34 @@ esac
         .await
     }
 
-    /// kube-network-policies with a ServiceAccount of its own, granted what its install
-    /// manifest grants (list and watch pods, namespaces, NetworkPolicies); it reads in-cluster
-    /// credentials only, so they go where a pod has them, in the namespace's own `/run`.
+    /// The node's NetworkPolicy enforcer ([`Enforcer`]), as a ServiceAccount of its own
+    /// granted what its install manifest grants.
     async fn start_enforcer(&mut self, plane: &ControlPlane) -> Result<()> {
-        let rbac = json!({
-            "apiVersion": "v1",
-            "kind": "List",
-            "items": [
-                { "apiVersion": "v1", "kind": "ServiceAccount",
-                  "metadata": { "name": "kube-network-policies", "namespace": "kube-system" } },
-                { "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-                  "metadata": { "name": "kube-network-policies" },
-                  "rules": [
-                    { "apiGroups": [""], "resources": ["pods", "namespaces"], "verbs": ["list", "watch"] },
-                    { "apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["list", "watch"] },
-                  ] },
-                { "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-                  "metadata": { "name": "kube-network-policies" },
-                  "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "kube-network-policies" },
-                  "subjects": [{ "kind": "ServiceAccount", "name": "kube-network-policies", "namespace": "kube-system" }] },
-            ],
-        });
-        plane
-            .kubectl_stdin(&["apply", "-f", "-"], &rbac.to_string())
-            .await?;
-        let token = plane
-            .service_account_token("kube-system", "kube-network-policies")
-            .await?;
+        match self.enforcer {
+            Enforcer::KubeNetworkPolicies => self.start_kube_network_policies(plane).await,
+            Enforcer::KubeRouter => self.start_kube_router(plane).await,
+        }
+    }
+
+    /// kube-network-policies (list and watch pods, namespaces, NetworkPolicies); it reads
+    /// in-cluster credentials only, so they go where a pod has them, in the namespace's own
+    /// `/run`.
+    async fn start_kube_network_policies(&mut self, plane: &ControlPlane) -> Result<()> {
+        let name = Enforcer::KubeNetworkPolicies.program();
+        apply_enforcer_rbac(
+            plane,
+            name,
+            json!([
+                { "apiGroups": [""], "resources": ["pods", "namespaces"], "verbs": ["list", "watch"] },
+                { "apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["list", "watch"] },
+            ]),
+        )
+        .await?;
+        let token = plane.service_account_token("kube-system", name).await?;
         let secrets = Path::new("/run/secrets/kubernetes.io/serviceaccount");
         std::fs::create_dir_all(secrets).map_err(Error::io("create", secrets))?;
-        for (name, contents) in [("token", token.as_str()), ("ca.crt", plane.ca_pem())] {
-            let path = secrets.join(name);
+        for (file, contents) in [("token", token.as_str()), ("ca.crt", plane.ca_pem())] {
+            let path = secrets.join(file);
             std::fs::write(&path, contents).map_err(Error::io("write", &path))?;
         }
         let port = plane
@@ -574,13 +621,79 @@ esac
             "--v=2".to_owned(),
         ];
         self.spawn(
-            "kube-network-policies",
+            name,
             &args,
             &[
                 ("KUBERNETES_SERVICE_HOST", "127.0.0.1".to_owned()),
                 ("KUBERNETES_SERVICE_PORT", port),
             ],
         )
+    }
+
+    /// kube-router with its NetworkPolicy controller alone (no routing, no service proxy, no
+    /// CNI of its own): iptables chains per pod, ipsets of pod addresses. Its informers cover
+    /// nodes, Services, Endpoints and EndpointSlices too, which it must be able to read.
+    /// Bridged traffic between pods passes the bridge's netfilter hooks only with
+    /// `bridge-nf-call-iptables`, set in the node's network namespace. Ready once its chains
+    /// hang off `FORWARD`.
+    async fn start_kube_router(&mut self, plane: &ControlPlane) -> Result<()> {
+        let name = Enforcer::KubeRouter.program();
+        apply_enforcer_rbac(
+            plane,
+            name,
+            json!([
+                { "apiGroups": [""], "resources": ["pods", "namespaces", "nodes", "services", "endpoints"], "verbs": ["get", "list", "watch"] },
+                { "apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"] },
+                { "apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["get", "list", "watch"] },
+                { "apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch", "update"] },
+            ]),
+        )
+        .await?;
+        let bridge_hook = Path::new("/proc/sys/net/bridge/bridge-nf-call-iptables");
+        std::fs::write(bridge_hook, "1").map_err(Error::io("write", bridge_hook))?;
+        let kubeconfig = plane
+            .service_account_kubeconfig("kube-system", name, "kube-router.kubeconfig")
+            .await?;
+        let args = vec![
+            format!("--kubeconfig={}", kubeconfig.display()),
+            format!("--hostname-override={NODE}"),
+            "--run-firewall=true".to_owned(),
+            "--run-router=false".to_owned(),
+            "--run-service-proxy=false".to_owned(),
+            "--enable-cni=false".to_owned(),
+            format!(
+                "--service-cluster-ip-range={}",
+                crate::control_plane::SERVICE_CIDR
+            ),
+            // Its health server would listen on every address of the node's namespace.
+            "--health-port=0".to_owned(),
+            "--metrics-port=0".to_owned(),
+            "--v=2".to_owned(),
+        ];
+        self.spawn(name, &args, &[])?;
+        wait_for(
+            "kube-router to install its NetworkPolicy chains",
+            STEP,
+            || {
+                let alive = self.check_alive();
+                async move {
+                    alive?;
+                    let hooked = Command::new("iptables")
+                        .args(["-w", "5", "-S", "FORWARD"])
+                        .stdin(Stdio::null())
+                        .stderr(Stdio::null())
+                        .output()
+                        .map_err(Error::io("run", "iptables"))?;
+                    let rules = String::from_utf8_lossy(&hooked.stdout);
+                    Ok::<_, Error>(if rules.contains("-j KUBE-ROUTER-FORWARD") {
+                        Check::Done(())
+                    } else {
+                        Check::NotYet(format!("iptables -S FORWARD:\n{rules}"))
+                    })
+                }
+            },
+        )
+        .await
     }
 
     /// kube-proxy in nftables mode, as the ServiceAccount `kube-system/kube-proxy` bound to the
@@ -722,9 +835,18 @@ esac
         run_bounded(&self.tools.path("ctr"), &full).await
     }
 
-    /// kube-network-policies' log so far.
+    /// The NetworkPolicy enforcer it runs.
+    pub fn enforcer(&self) -> Enforcer {
+        self.enforcer
+    }
+
+    /// The enforcer's log so far.
     pub fn enforcer_log(&self) -> String {
-        std::fs::read_to_string(&self.enforcer_log).unwrap_or_default()
+        let log = self
+            .dir
+            .path()
+            .join(format!("{}.log", self.enforcer.program()));
+        std::fs::read_to_string(log).unwrap_or_default()
     }
 
     /// The last `lines` lines of one program's log (`kubelet`, `containerd`, …).
@@ -842,6 +964,33 @@ fn unmount_below(dir: &Path) {
     for point in points.iter().rev() {
         let _ = run_blocking(Command::new("umount").arg("--lazy").arg(point));
     }
+}
+
+/// A ServiceAccount `kube-system/<name>` bound to a ClusterRole `<name>` with `rules`.
+async fn apply_enforcer_rbac(
+    plane: &ControlPlane,
+    name: &str,
+    rules: serde_json::Value,
+) -> Result<()> {
+    let rbac = json!({
+        "apiVersion": "v1",
+        "kind": "List",
+        "items": [
+            { "apiVersion": "v1", "kind": "ServiceAccount",
+              "metadata": { "name": name, "namespace": "kube-system" } },
+            { "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+              "metadata": { "name": name },
+              "rules": rules },
+            { "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+              "metadata": { "name": name },
+              "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name },
+              "subjects": [{ "kind": "ServiceAccount", "name": name, "namespace": "kube-system" }] },
+        ],
+    });
+    plane
+        .kubectl_stdin(&["apply", "-f", "-"], &rbac.to_string())
+        .await
+        .map(drop)
 }
 
 /// Runs a command to its end, its output discarded; whether it succeeded.

@@ -139,7 +139,7 @@ enum Command {
     /// Build kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and etcd from the
     /// Go modules pinned in xtask/k8s-tools (once per machine and version), and print them.
     #[command(
-        after_help = "Examples:\n  cargo xtask tools                      # build what is missing; print paths and versions\n  export PATH=\"$(cargo xtask tools --print-bin-dir):$PATH\"\n  cargo xtask tools --node               # ... and the node's (kubelet, containerd, runsc, CNI, crictl, kube-network-policies)\n  export PATH=\"$(cargo xtask tools --node --print-bin-dir):$PATH\"   # both directories\n\nThe binaries are cached in $AGENT_SANDBOX_TOOLS_DIR, else $XDG_CACHE_HOME/agent-sandbox/k8s-tools,\nelse ~/.cache/agent-sandbox/k8s-tools, in a directory named after the pinned versions."
+        after_help = "Examples:\n  cargo xtask tools                      # build what is missing; print paths and versions\n  export PATH=\"$(cargo xtask tools --print-bin-dir):$PATH\"\n  cargo xtask tools --node               # ... and the node's (kubelet, containerd, runsc, CNI, crictl, kube-network-policies, kube-router)\n  export PATH=\"$(cargo xtask tools --node --print-bin-dir):$PATH\"   # both directories\n\nThe binaries are cached in $AGENT_SANDBOX_TOOLS_DIR, else $XDG_CACHE_HOME/agent-sandbox/k8s-tools,\nelse ~/.cache/agent-sandbox/k8s-tools, in a directory named after the pinned versions."
     )]
     Tools {
         /// Print only the directory holding the binaries (progress still goes to stderr); with
@@ -147,7 +147,7 @@ enum Command {
         #[arg(long)]
         print_bin_dir: bool,
         /// Also build the binaries of a real node (kubelet, containerd, runsc, CNI plugins,
-        /// crictl, kube-network-policies), pinned in xtask/k8s-tools and xtask/node-tools/*.
+        /// crictl, kube-network-policies, kube-router), pinned in xtask/k8s-tools and xtask/node-tools/*.
         #[arg(long)]
         node: bool,
     },

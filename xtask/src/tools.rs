@@ -519,13 +519,14 @@ pub(crate) fn run(root: &Path, print_bin_dir: bool, with_node: bool) -> Result<(
         let pins = &node.pins;
         println!(
             "node: kubelet {}, containerd {}, runsc {}, CNI plugins {}, crictl {}, \
-             kube-network-policies {} in {}",
+             kube-network-policies {}, kube-router {} in {}",
             pins.kubernetes,
             pins.containerd,
             pins.runsc,
             pins.cni,
             pins.crictl,
             pins.network_policies,
+            pins.kube_router,
             node.dir.display()
         );
         for tool in &node::NODE_TOOLS {

@@ -2,7 +2,9 @@
 //! end-to-end suite: the real `kubelet` and `kube-proxy` (built in `xtask/k8s-tools`, the control plane's module,
 //! so that it is the control plane's release), `containerd` with `containerd-shim-runc-v2` and
 //! `ctr`, gVisor's `runsc`, the CNI plugins `bridge`, `host-local`, `portmap` and `loopback`,
-//! `crictl`, and `kube-network-policies` (the SIG Network reference NetworkPolicy enforcer).
+//! `crictl`, `kube-network-policies` (the SIG Network reference NetworkPolicy enforcer) and
+//! `kube-router` (whose NetworkPolicy controller enforces instead where the kernel lacks
+//! nftables' queue statement, which kube-network-policies needs).
 //!
 //! Every project but Kubernetes is pinned in a Go module of its own under `xtask/node-tools/`,
 //! so that one project's dependency graph never moves another's pins. All are static binaries
@@ -32,6 +34,9 @@ const CNI: &str = "xtask/node-tools/cni";
 const CRICTL: &str = "xtask/node-tools/crictl";
 /// kube-network-policies' module.
 const NETWORK_POLICIES: &str = "xtask/node-tools/kube-network-policies";
+/// kube-router's module (its NetworkPolicy controller, where the kernel lacks what
+/// kube-network-policies needs).
+const KUBE_ROUTER: &str = "xtask/node-tools/kube-router";
 
 /// The directory of the programs inside a node build.
 pub(crate) const BIN: &str = "bin";
@@ -68,7 +73,7 @@ const fn node_tool(
 
 /// Every node binary, in build order (the largest first). An empty `version_args` means the
 /// program has no version flag (a CNI plugin prints its version when run without arguments).
-pub(crate) const NODE_TOOLS: [NodeTool; 12] = [
+pub(crate) const NODE_TOOLS: [NodeTool; 13] = [
     node_tool(
         "kubelet",
         "k8s.io/kubernetes/cmd/kubelet",
@@ -134,6 +139,14 @@ pub(crate) const NODE_TOOLS: [NodeTool; 12] = [
         BIN,
     ),
     node_tool(
+        "kube-router",
+        "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router",
+        &["--version"],
+        KUBE_ROUTER,
+        "",
+        BIN,
+    ),
+    node_tool(
         "bridge",
         "github.com/containernetworking/plugins/plugins/main/bridge",
         &[],
@@ -176,15 +189,17 @@ pub(crate) struct NodePins {
     pub(crate) cni: String,
     pub(crate) crictl: String,
     pub(crate) network_policies: String,
+    pub(crate) kube_router: String,
 }
 
 /// The module each node module pins, with the folder of its `go.mod`.
-const PINNED: [(&str, &str); 5] = [
+const PINNED: [(&str, &str); 6] = [
     (CONTAINERD, "github.com/containerd/containerd/v2"),
     (RUNSC, "gvisor.dev/gvisor"),
     (CNI, "github.com/containernetworking/plugins"),
     (CRICTL, "sigs.k8s.io/cri-tools"),
     (NETWORK_POLICIES, "sigs.k8s.io/kube-network-policies"),
+    (KUBE_ROUTER, "github.com/cloudnativelabs/kube-router/v2"),
 ];
 
 /// The version `go_mod` requires of `module`.
@@ -222,6 +237,10 @@ pub(crate) fn node_ldflags(pins: &NodePins) -> String {
             &pins.cni,
         ),
         ("sigs.k8s.io/cri-tools/pkg/version.Version", &pins.crictl),
+        (
+            "github.com/cloudnativelabs/kube-router/v2/pkg/version.Version",
+            &pins.kube_router,
+        ),
     ] {
         flags.push(format!("-X {variable}={version}"));
     }
@@ -276,8 +295,14 @@ fn locate(root: &Path, go: &str) -> Result<(NodePins, String, PathBuf)> {
         inputs.push(go_mod);
         inputs.push(read(dir, "go.sum")?);
     }
-    let [containerd, runsc, cni, crictl, network_policies] =
-        <[String; 5]>::try_from(versions).map_err(|_| anyhow::anyhow!("five pins"))?;
+    let [
+        containerd,
+        runsc,
+        cni,
+        crictl,
+        network_policies,
+        kube_router,
+    ] = <[String; 6]>::try_from(versions).map_err(|_| anyhow::anyhow!("six pins"))?;
     let pins = NodePins {
         kubernetes,
         containerd,
@@ -285,18 +310,20 @@ fn locate(root: &Path, go: &str) -> Result<(NodePins, String, PathBuf)> {
         cni,
         crictl,
         network_policies,
+        kube_router,
     };
     let mut parts: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
     parts.push(go.as_bytes());
     // A pseudo-version's date stands for gVisor's release (`v0.0.0-20260905035102-160fafc42237`).
     let runsc_date = pins.runsc.split('-').nth(1).unwrap_or(&pins.runsc);
     let key = format!(
-        "node-k8s-{}-containerd-{}-runsc-{runsc_date}-cni-{}-crictl-{}-knp-{}-{}",
+        "node-k8s-{}-containerd-{}-runsc-{runsc_date}-cni-{}-crictl-{}-knp-{}-kube-router-{}-{}",
         pins.kubernetes,
         pins.containerd,
         pins.cni,
         pins.crictl,
         pins.network_policies,
+        pins.kube_router,
         fingerprint(&parts)
     );
     Ok((pins, needed_go, cache_root()?.join(key)))
@@ -332,13 +359,15 @@ pub(crate) fn ensure(root: &Path) -> Result<NodeToolset> {
     let pins = &toolset.pins;
     eprintln!(
         "building the node's binaries (kubelet {}, containerd {}, runsc {}, CNI plugins {}, \
-         crictl {}, kube-network-policies {}) from their Go modules (Go {go}) into {}",
+         crictl {}, kube-network-policies {}, kube-router {}) from their Go modules (Go {go}) \
+         into {}",
         pins.kubernetes,
         pins.containerd,
         pins.runsc,
         pins.cni,
         pins.crictl,
         pins.network_policies,
+        pins.kube_router,
         dir.display()
     );
     eprintln!(
@@ -439,6 +468,7 @@ mod tests {
             cni: "v1.10.0".to_owned(),
             crictl: "v1.37.0".to_owned(),
             network_policies: "v0.8.0".to_owned(),
+            kube_router: "v2.1.0".to_owned(),
         };
         let flags = node_ldflags(&pins);
         assert!(flags.contains("-X github.com/containerd/containerd/v2/version.Version=v2.4.2"));

@@ -38,7 +38,9 @@ pub enum Tool {
     Helm,
     /// A real node as root: the control plane, the node's programs from `cargo xtask tools
     /// --node` (`kubelet`, `containerd`, `runsc`, `crictl`, ... together on `PATH`, the CNI
-    /// plugins in `../cni` next to them), Debian's `runc`, `catatonit` and `busybox-static`.
+    /// plugins in `../cni` next to them), Debian's `runc`, `catatonit`, `busybox-static`,
+    /// and `iptables` and `ipset` (for kube-router, the node's NetworkPolicy enforcer where
+    /// the kernel has no nftables queue statement).
     Node,
     /// nftables' `queue` statement (kernel `CONFIG_NFT_QUEUE`), with which
     /// kube-network-policies hands a connection's first packet to its verdict: probed in a
@@ -47,7 +49,7 @@ pub enum Tool {
 }
 
 /// The programs of a real node that `cargo xtask tools --node` builds into one directory.
-pub const NODE_PROGRAMS: [&str; 8] = [
+pub const NODE_PROGRAMS: [&str; 9] = [
     "kubelet",
     "kube-proxy",
     "containerd",
@@ -56,6 +58,7 @@ pub const NODE_PROGRAMS: [&str; 8] = [
     "runsc",
     "crictl",
     "kube-network-policies",
+    "kube-router",
 ];
 /// The CNI plugins it builds into `../cni` next to them.
 pub const CNI_PLUGINS: [&str; 4] = ["bridge", "host-local", "portmap", "loopback"];
@@ -128,7 +131,8 @@ impl Tool {
             Self::Node => {
                 "run as root; cargo xtask tools --node, then \
                  export PATH=\"$(cargo xtask tools --node --print-bin-dir):$PATH\"; \
-                 apt-get install runc catatonit busybox-static (bash .ci/run does all of it)"
+                 apt-get install runc catatonit busybox-static iptables ipset \
+                 (bash .ci/run does all of it)"
             }
             Self::NftQueue => {
                 "a kernel with CONFIG_NFT_QUEUE (nftables' queue statement), as root with nft"
@@ -159,6 +163,8 @@ impl Tool {
                     && runs("runc", &["--version"])
                     && runs("catatonit", &["--version"])
                     && std::path::Path::new(BUSYBOX).is_file()
+                    && runs("iptables", &["--version"])
+                    && runs("ipset", &["version"])
             }
             Self::NftQueue => {
                 is_root()
@@ -185,7 +191,7 @@ impl Tool {
                 .to_owned(),
             Self::Node => format!(
                 "a real node needs root, the control plane and the node's programs on PATH, \
-                 runc, catatonit and {BUSYBOX}: {}",
+                 runc, catatonit, {BUSYBOX}, iptables and ipset: {}",
                 [
                     (!is_root()).then_some("not root"),
                     Self::control_plane_dir()
@@ -197,6 +203,8 @@ impl Tool {
                     (!runs("runc", &["--version"])).then_some("no runc"),
                     (!runs("catatonit", &["--version"])).then_some("no catatonit"),
                     (!std::path::Path::new(BUSYBOX).is_file()).then_some("no busybox-static"),
+                    (!runs("iptables", &["--version"])).then_some("no iptables"),
+                    (!runs("ipset", &["version"])).then_some("no ipset"),
                 ]
                 .into_iter()
                 .flatten()
@@ -205,7 +213,8 @@ impl Tool {
             ),
             Self::NftQueue if is_root() => "this kernel has no nftables queue statement \
                  (`nft add rule inet probe c queue num 100 bypass` fails: CONFIG_NFT_QUEUE is \
-                 not set), which kube-network-policies needs to enforce NetworkPolicies"
+                 not set), which kube-network-policies needs to enforce NetworkPolicies \
+                 (the node tier runs kube-router's NetworkPolicy controller instead)"
                 .to_owned(),
             Self::PodNetworks | Self::Slirp4netns | Self::NftQueue if !is_root() => {
                 "the test makes network namespaces of its own, which needs root".to_owned()
