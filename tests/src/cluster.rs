@@ -362,12 +362,9 @@ impl ClusterUnderTest {
                     "e2e: installed from deploy/overlays/kind; kubectl get deployment -A:\n{}",
                     plane.deployments().trim_end()
                 );
-                let network = match agent_sandbox_local::testkit::Tool::NftQueue.unavailable() {
-                    None => NetworkEnforcement::Enforced,
-                    Some(why) => NetworkEnforcement::NotEnforced(format!(
-                        "kube-network-policies cannot enforce NetworkPolicies here: {why}"
-                    )),
-                };
+                // A real enforcer always runs there (`node::Enforcer`): the network
+                // scenarios run.
+                let network = NetworkEnforcement::Enforced;
                 (
                     NODE_TIER.to_owned(),
                     plane.client().await?,
@@ -543,6 +540,40 @@ impl ClusterUnderTest {
     /// (the simulated cluster and the tiers the suite starts; not a kubeconfig's cluster).
     pub fn nodes_share_this_kernel(&self) -> bool {
         !matches!(self.backing, Backing::External)
+    }
+
+    /// The image of [`Self::template`]'s first container and its pull policy: an image every
+    /// node of the cluster can run (on the node tier it was imported, no registry needed),
+    /// with Python in it, for pods a scenario starts besides sandboxes.
+    pub async fn sandbox_image(&self) -> Result<(String, Option<String>)> {
+        let templates: Api<SandboxTemplate> = self.api();
+        let template = get(&templates, &self.template).await?.ok_or_else(|| {
+            Error::Config(format!(
+                "SandboxTemplate {}/{} is missing",
+                self.namespace, self.template
+            ))
+        })?;
+        let container = template
+            .spec
+            .blueprint
+            .pod_template
+            .spec
+            .containers
+            .into_iter()
+            .next()
+            .ok_or_else(|| {
+                Error::Config(format!(
+                    "SandboxTemplate {} has no container",
+                    self.template
+                ))
+            })?;
+        let image = container.image.ok_or_else(|| {
+            Error::Config(format!(
+                "SandboxTemplate {}'s container has no image",
+                self.template
+            ))
+        })?;
+        Ok((image, container.image_pull_policy))
     }
 
     /// Creates [`Self::scenario_template`] from [`Self::template`] (see there); returns its name.

@@ -85,6 +85,7 @@ pub fn all() -> Vec<Scenario> {
         scenario!(agent::the_agent_writes_and_runs_a_script_then_deletes_its_claim),
         scenario!(network::a_sandbox_cannot_reach_the_api_server_but_reaches_the_internet),
         scenario!(network::a_router_outside_the_admitted_namespace_times_out_until_an_additive_policy_admits_it),
+        scenario!(network::a_sandbox_reaches_neither_another_sandbox_nor_its_nodes_kubelet),
         scenario!(network::a_sandbox_cannot_read_the_users_home_or_kubeconfig),
         scenario!(upstream::go_sdk_smoke_test),
         scenario!(upstream::python_sdk_smoke_test),

@@ -15,14 +15,34 @@ use crate::ensure;
 use crate::error::{Error, Result};
 use crate::support::RUN_LABEL;
 
-/// A TCP connect from the sandbox with a timeout; prints `open`, `refused` or `timeout`.
-const PROBE: &str = "import socket,sys\n\
-host,port=sys.argv[1],int(sys.argv[2])\n\
-s=socket.socket(socket.AF_INET6 if ':' in host else socket.AF_INET)\n\
-s.settimeout(5)\n\
-try:\n    s.connect((host,port)); print('open')\n\
-except socket.timeout:\n    print('timeout')\n\
-except OSError as e:\n    print('refused' if e.errno==111 else 'error %s' % e)\n";
+/// A TCP connect with a timeout; prints `open`, `refused`, `timeout` or `error …`. With a third
+/// argument, it tries again every half second for that many seconds until it is `open` (for a
+/// new pod whose address the NetworkPolicy enforcer has yet to learn).
+const PROBE: &str = r#"import socket,sys,time
+host,port=sys.argv[1],int(sys.argv[2])
+until=time.time()+(float(sys.argv[3]) if len(sys.argv)>3 else 0)
+while True:
+    s=socket.socket(socket.AF_INET6 if ':' in host else socket.AF_INET)
+    s.settimeout(5)
+    try:
+        s.connect((host,port)); r='open'
+    except socket.timeout:
+        r='timeout'
+    except OSError as e:
+        r='refused' if e.errno==111 else 'error %s' % e
+    s.close()
+    if r=='open' or time.time()>=until:
+        print(r); break
+    time.sleep(0.5)
+"#;
+
+/// Whether a probe's outcome is a connection a NetworkPolicy stopped: dropped (`timeout`: our
+/// nftables enforcement, kube-network-policies, most CNIs) or rejected (`refused`: kube-router
+/// ends a pod's chain with REJECT). Not `open`, and not an error that says the network itself
+/// is broken.
+fn blocked(outcome: &str) -> bool {
+    matches!(outcome, "timeout" | "refused")
+}
 
 /// A sandbox of the pool (through port-forward, expiring after 10 minutes, labelled with the
 /// run), for the probe named `what`.
@@ -39,8 +59,8 @@ async fn claim(cluster: &ClusterUnderTest, what: &str) -> Result<agent_sandbox::
         .map_err(Error::sdk(format!("claim a sandbox for {what}")))
 }
 
-/// The API server (Service `kubernetes` in `default`) times out from a sandbox; the public
-/// address connects.
+/// The API server (Service `kubernetes` in `default`) is out of a sandbox's reach (dropped or
+/// rejected, see [`blocked`]); the public address connects.
 pub(super) async fn a_sandbox_cannot_reach_the_api_server_but_reaches_the_internet(
     cluster: &ClusterUnderTest,
 ) -> Result<Verdict> {
@@ -73,9 +93,9 @@ pub(super) async fn a_sandbox_cannot_reach_the_api_server_but_reaches_the_intern
             .await
             .map_err(Error::sdk("probe the API server"))?;
         ensure!(
-            api.stdout.trim() == "timeout",
-            "from the sandbox, the API server {api_ip}:443 answered {:?} (expected a silent \
-             drop by the NetworkPolicy; stderr {:?})",
+            blocked(api.stdout.trim()),
+            "from the sandbox, the API server {api_ip}:443 answered {:?} (expected the \
+             NetworkPolicy to drop or reject it; stderr {:?})",
             api.stdout.trim(),
             api.stderr
         );
@@ -97,14 +117,117 @@ pub(super) async fn a_sandbox_cannot_reach_the_api_server_but_reaches_the_intern
     outcome.map(|()| Verdict::Passed)
 }
 
+/// A sandbox reaches neither another sandbox (only the router is admitted to a sandbox) nor the
+/// kubelet of its node. Controls make each "blocked" mean something: the other sandbox reaches
+/// its own runtime port at its pod IP, and the kubelet's port answers this suite (where it can
+/// reach the node at all; otherwise that half says so and proves nothing).
+pub(super) async fn a_sandbox_reaches_neither_another_sandbox_nor_its_nodes_kubelet(
+    cluster: &ClusterUnderTest,
+) -> Result<Verdict> {
+    use k8s_openapi::api::core::v1::{Node, Pod};
+    if let NetworkEnforcement::NotEnforced(reason) = &cluster.network {
+        return Ok(Verdict::Skipped(reason.clone()));
+    }
+    let prober = claim(cluster, "the probing sandbox").await?;
+    let target = match claim(cluster, "the probed sandbox").await {
+        Ok(target) => target,
+        Err(error) => {
+            let _ = prober.close().await;
+            return Err(error);
+        }
+    };
+    let outcome = async {
+        let port = agent_sandbox_api::wire::RUNTIME_PORT;
+        let target_ip = target
+            .pod_ip()
+            .ok_or_else(|| Error::Check("the probed sandbox has no pod IP".to_owned()))?
+            .to_owned();
+        for sandbox in [&prober, &target] {
+            sandbox
+                .write("probe.py", PROBE.as_bytes().to_vec())
+                .await
+                .map_err(Error::sdk("write probe.py"))?;
+        }
+        let own = target
+            .run(&format!("python3 probe.py {target_ip} {port}"))
+            .await
+            .map_err(Error::sdk("probe its own runtime port"))?;
+        ensure!(
+            own.stdout.trim() == "open",
+            "the probed sandbox does not reach its own runtime port {target_ip}:{port} ({:?}, \
+             stderr {:?}): the check below would prove nothing",
+            own.stdout.trim(),
+            own.stderr
+        );
+        let across = prober
+            .run(&format!("python3 probe.py {target_ip} {port}"))
+            .await
+            .map_err(Error::sdk("probe the other sandbox"))?;
+        ensure!(
+            blocked(across.stdout.trim()),
+            "a sandbox reached another sandbox's runtime port {target_ip}:{port} ({:?}, stderr \
+             {:?}); the template's policy admits only the router",
+            across.stdout.trim(),
+            across.stderr
+        );
+        // The kubelet of the prober's node, at the address and port the Node advertises.
+        let pod = cluster
+            .api::<Pod>()
+            .get(prober.pod_name())
+            .await
+            .map_err(Error::kube("get the probing sandbox's pod"))?;
+        let host_ip = pod.status.and_then(|s| s.host_ip).unwrap_or_default();
+        let node_name = pod.spec.and_then(|s| s.node_name).unwrap_or_default();
+        let node = Api::<Node>::all(cluster.kube.clone())
+            .get(&node_name)
+            .await
+            .map_err(Error::kube(format!("get Node {node_name}")))?;
+        let kubelet_port = node
+            .status
+            .and_then(|s| s.daemon_endpoints)
+            .and_then(|d| d.kubelet_endpoint)
+            .and_then(|e| u16::try_from(e.port).ok())
+            .unwrap_or(10250);
+        let reachable_here = tokio::time::timeout(
+            Duration::from_secs(3),
+            tokio::net::TcpStream::connect((host_ip.as_str(), kubelet_port)),
+        )
+        .await
+        .is_ok_and(|connected| connected.is_ok());
+        if !reachable_here {
+            println!(
+                "        the kubelet at {host_ip}:{kubelet_port} does not answer this suite \
+                 either: whether a sandbox reaches it proves nothing here"
+            );
+            return Ok(());
+        }
+        let kubelet = prober
+            .run(&format!("python3 probe.py {host_ip} {kubelet_port}"))
+            .await
+            .map_err(Error::sdk("probe the node's kubelet"))?;
+        ensure!(
+            blocked(kubelet.stdout.trim()),
+            "a sandbox reached its node's kubelet at {host_ip}:{kubelet_port} ({:?}, stderr {:?})",
+            kubelet.stdout.trim(),
+            kubelet.stderr
+        );
+        Ok(())
+    }
+    .await;
+    let _ = prober.close().await;
+    let _ = target.close().await;
+    outcome.map(|()| Verdict::Passed)
+}
+
 /// What a TCP connect from a new pod (in `namespace`, with `labels`) to `host:port` gives:
-/// `open`, `refused` or `timeout`. The pod is deleted afterwards.
+/// `open`, `refused` or `timeout`; with `patience`, tried again within it until `open`. The pod
+/// is deleted afterwards.
 async fn probe_from_pod(
     cluster: &ClusterUnderTest,
     namespace: &str,
     labels: serde_json::Value,
-    host: &str,
-    port: u16,
+    (host, port): (&str, u16),
+    patience: Duration,
 ) -> Result<String> {
     use k8s_openapi::api::core::v1::Pod;
     use kube::api::{LogParams, PostParams};
@@ -116,11 +239,14 @@ async fn probe_from_pod(
     );
     let mut labels = labels;
     labels[RUN_LABEL] = serde_json::json!(cluster.run);
+    // The sandboxes' image has Python, and every node of the cluster can run it.
+    let (image, pull_policy) = cluster.sandbox_image().await?;
     let pod: Pod = serde_json::from_value(serde_json::json!({
         "metadata": {"name": name, "namespace": namespace, "labels": labels},
         "spec": {"restartPolicy": "Never", "containers": [{
-            "name": "probe", "image": "python:3.12-slim",
-            "command": ["python3", "-c", PROBE, host, port.to_string()]}]}
+            "name": "probe", "image": image, "imagePullPolicy": pull_policy,
+            "command": ["python3", "-c", PROBE, host, port.to_string(),
+                        patience.as_secs().to_string()]}]}
     }))
     .map_err(|e| Error::Check(format!("the probe pod: {e}")))?;
     pods.create(&PostParams::default(), &pod)
@@ -128,7 +254,7 @@ async fn probe_from_pod(
         .map_err(Error::kube("create the probe pod"))?;
     let finished = crate::support::wait_for(
         &format!("probe pod {namespace}/{name} to finish"),
-        Duration::from_secs(60),
+        Duration::from_secs(60) + patience,
         || async {
             let pod = pods
                 .get(&name)
@@ -153,7 +279,8 @@ async fn probe_from_pod(
 }
 
 /// The seed's gotcha 3 at the network: a router pod outside the namespace the template's policy
-/// admits is dropped (it times out, as the router's proxy would before answering 504), and an
+/// admits is stopped (dropped, so it times out as the router's proxy would before answering 504;
+/// or rejected by enforcers that do, see [`blocked`]), and an
 /// additive policy admitting that namespace's router lets it through; other pods of that
 /// namespace stay out.
 pub(super) async fn a_router_outside_the_admitted_namespace_times_out_until_an_additive_policy_admits_it(
@@ -168,7 +295,8 @@ pub(super) async fn a_router_outside_the_admitted_namespace_times_out_until_an_a
         return Ok(Verdict::Skipped(reason.clone()));
     }
     let sandbox = claim(cluster, "the gotcha-3 probe").await?;
-    let outside = format!("e2e-{}-routers", cluster.run);
+    // A name of its own on each pass: the last pass's may still be terminating.
+    let outside = cluster.name("routers");
     let policy_name = format!("e2e-{}-admit-{outside}", cluster.run);
     let outcome = async {
         let ip = sandbox
@@ -185,9 +313,16 @@ pub(super) async fn a_router_outside_the_admitted_namespace_times_out_until_an_a
             .map_err(Error::kube("create the routers' namespace"))?;
         let router = json!({labels::ROUTER_APP: labels::ROUTER_APP_VALUE});
         let port = agent_sandbox_api::wire::RUNTIME_PORT;
-        let before = probe_from_pod(cluster, &outside, router.clone(), &ip, port).await?;
+        let before = probe_from_pod(
+            cluster,
+            &outside,
+            router.clone(),
+            (&ip, port),
+            Duration::ZERO,
+        )
+        .await?;
         ensure!(
-            before == "timeout",
+            blocked(&before),
             "a router pod in {outside} reached the sandbox's runtime port ({before}); the \
              template's policy admits only {}",
             cluster.router.namespace
@@ -212,10 +347,19 @@ pub(super) async fn a_router_outside_the_admitted_namespace_times_out_until_an_a
             .create(&PostParams::default(), &policy)
             .await
             .map_err(Error::kube("create the additive policy"))?;
-        // The node applies it through a watch: a few tries.
+        // The node applies it through a watch, and learns each new pod's address the same way:
+        // a new router pod keeps trying for a while, as a long-lived router's next request would
+        // succeed.
         let mut after = String::new();
-        for _ in 0..5 {
-            after = probe_from_pod(cluster, &outside, router.clone(), &ip, port).await?;
+        for _ in 0..2 {
+            after = probe_from_pod(
+                cluster,
+                &outside,
+                router.clone(),
+                (&ip, port),
+                Duration::from_secs(20),
+            )
+            .await?;
             if after == "open" {
                 break;
             }
@@ -224,9 +368,16 @@ pub(super) async fn a_router_outside_the_admitted_namespace_times_out_until_an_a
             after == "open",
             "with the additive policy, the router pod in {outside} still got {after:?}"
         );
-        let other = probe_from_pod(cluster, &outside, json!({"app": "other"}), &ip, port).await?;
+        let other = probe_from_pod(
+            cluster,
+            &outside,
+            json!({"app": "other"}),
+            (&ip, port),
+            Duration::ZERO,
+        )
+        .await?;
         ensure!(
-            other == "timeout",
+            blocked(&other),
             "the additive policy admits router pods only, but another pod of {outside} got \
              {other:?}"
         );
