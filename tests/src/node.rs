@@ -887,6 +887,7 @@ esac
         kill_cgroup_processes(&self.cgroup);
         unmount_below(self.dir.path());
         crate::netns::remove_cgroups(&self.cgroup);
+        reset_network();
     }
 }
 
@@ -894,6 +895,22 @@ impl Drop for RealNode {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Takes out of the run's network namespace what the node put there (kube-proxy's and the
+/// enforcer's rules and sets, the CNI bridge, the node's address), so that another node can
+/// start in it (the bench's cases start one each); the namespace's end would take them too.
+fn reset_network() {
+    let _ = run_blocking(Command::new("nft").args(["flush", "ruleset"]));
+    let _ = run_blocking(Command::new("ipset").arg("destroy"));
+    let _ = run_blocking(Command::new("ip").args(["link", "del", BRIDGE]));
+    let _ = run_blocking(Command::new("ip").args([
+        "addr",
+        "del",
+        &format!("{NODE_IP}/32"),
+        "dev",
+        "lo",
+    ]));
 }
 
 /// Makes the run's cgroup in every hierarchy (the kubelet needs its `cgroupRoot` to exist);
