@@ -126,7 +126,7 @@ pub(crate) fn run(root: &Path, options: &Options) -> Result<()> {
 }
 
 /// Builds our images as OCI archives (no Docker) for the real node: `target/oci/images.tar`.
-fn oci_images(root: &Path) -> Result<PathBuf> {
+pub(crate) fn oci_images(root: &Path) -> Result<PathBuf> {
     let dir = root.join("target").join("oci");
     let written = images::oci::build(root, &images::Options::dev(), &dir)?;
     written

@@ -42,10 +42,10 @@ enum Command {
     },
     /// Run benchmark cases and record them in docs/benchmarks.md.
     #[command(
-        after_help = "Examples:\n  cargo xtask bench                 # every case\n  cargo xtask bench api/            # cases whose name starts with api/\n  cargo xtask bench --quick --dry-run\n  cargo xtask bench --list"
+        after_help = "Examples:\n  cargo xtask bench                 # every case but the node tier's\n  cargo xtask bench api/            # cases whose name starts with api/\n  cargo xtask bench node/           # the node tier's (root; only when named)\n  cargo xtask bench --quick --dry-run\n  cargo xtask bench --list"
     )]
     Bench {
-        /// Case name prefixes to run (all when none).
+        /// Case name prefixes to run (all when none, except the node tier's `node/`).
         cases: Vec<String>,
         /// Fewer iterations (a smoke run of the harness; built without optimisation).
         #[arg(long)]
@@ -367,13 +367,20 @@ fn bench(root: &Path, cases: &[String], quick: bool, dry_run: bool, list: bool) 
         || cases.iter().any(|c| {
             c.starts_with(CONTROL_PLANE_CASES) || CONTROL_PLANE_CASES.starts_with(c.as_str())
         });
-    if wants_control_plane && !list {
+    // The node cases also need the node's programs and our images (only when named).
+    let wants_node = cases
+        .iter()
+        .any(|c| c.starts_with(NODE_CASES) || NODE_CASES.starts_with(c.as_str()));
+    if (wants_control_plane || wants_node) && !list {
         let toolset = tools::ensure(root)?;
+        let mut dirs = vec![toolset.bin_dir.clone()];
+        if wants_node {
+            dirs.insert(0, tools::node::ensure(root)?.bin_dir());
+            run.arg("--images").arg(e2e::oci_images(root)?);
+        }
         let path = std::env::var_os("PATH").unwrap_or_default();
-        let joined = std::env::join_paths(
-            std::iter::once(toolset.bin_dir.clone()).chain(std::env::split_paths(&path)),
-        )
-        .context("the tools' directory cannot be put on PATH")?;
+        let joined = std::env::join_paths(dirs.into_iter().chain(std::env::split_paths(&path)))
+            .context("the tools' directory cannot be put on PATH")?;
         run.env("PATH", joined);
     }
     for (set, flag) in [(quick, "--quick"), (dry_run, "--dry-run"), (list, "--list")] {
@@ -395,6 +402,8 @@ const BENCH_BIN: &str = "agent-sandbox-bench";
 
 /// The prefix of the bench cases that run on the control-plane tier.
 const CONTROL_PLANE_CASES: &str = "control-plane/";
+/// The prefix of the bench cases that run on the node tier.
+const NODE_CASES: &str = "node/";
 
 /// The workspace root: xtask lives one level below it.
 fn workspace_root() -> PathBuf {

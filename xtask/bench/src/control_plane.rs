@@ -65,7 +65,7 @@ pub(super) fn cases() -> Vec<Case> {
     ]
 }
 
-fn tokio_runtime() -> Result<tokio::runtime::Runtime> {
+pub(super) fn tokio_runtime() -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -126,7 +126,12 @@ async fn create_pool(client: &Client, name: &str, replicas: i32) -> Result<()> {
     Ok(())
 }
 
-async fn pool_full(client: &Client, name: &str, replicas: i32, within: Duration) -> Result<()> {
+pub(super) async fn pool_full(
+    client: &Client,
+    name: &str,
+    replicas: i32,
+    within: Duration,
+) -> Result<()> {
     let pools: Api<SandboxWarmPool> = Api::namespaced(client.clone(), NS);
     let condition = move |pool: Option<&SandboxWarmPool>| {
         pool.and_then(|p| p.status.as_ref())
@@ -323,7 +328,10 @@ async fn measure_pool(cluster: &PlaneCluster, options: Options) -> Result<Vec<Ro
 
 /// An SDK client in direct mode to the router pod of [`PlaneCluster::router_url`], in [`NS`],
 /// with the routers' signing key from their Secret (they run `--auth scoped`).
-async fn sdk_client(cluster: &PlaneCluster, client: &Client) -> Result<agent_sandbox::Client> {
+pub(super) async fn sdk_client(
+    cluster: &PlaneCluster,
+    client: &Client,
+) -> Result<agent_sandbox::Client> {
     let secret = Api::<Secret>::namespaced(client.clone(), wire::SYSTEM_NAMESPACE)
         .get(wire::ROUTER_SIGNING_KEY_SECRET)
         .await

@@ -7,14 +7,17 @@
 //! test assertions.
 //!
 //! It is its own package, so that building `xtask` (for `gen-crds` and the like) compiles none
-//! of the server crates the cases drive. Arguments: case name prefixes (all cases when none),
-//! `--quick` (fewer iterations), `--dry-run` (print, do not write the report), `--list`.
+//! of the server crates the cases drive. Arguments: case name prefixes (all cases when none,
+//! except the node tier's `node/…`, which need root, a real node's programs and our images and
+//! run only when named), `--quick` (fewer iterations), `--dry-run` (print, do not write the
+//! report), `--list`.
 
 mod api;
 mod cli;
 mod control_plane;
 mod controller;
 mod idle;
+mod node;
 mod report;
 mod router;
 mod runtime;
@@ -43,7 +46,9 @@ fn main() {
 fn cli(args: impl Iterator<Item = String>) -> Result<()> {
     let mut filters = Vec::new();
     let (mut quick, mut dry_run) = (false, false);
-    for arg in args {
+    let mut images = None;
+    let mut args = args;
+    while let Some(arg) = args.next() {
         match arg.as_str() {
             "--list" => {
                 list();
@@ -51,20 +56,51 @@ fn cli(args: impl Iterator<Item = String>) -> Result<()> {
             }
             "--quick" => quick = true,
             "--dry-run" => dry_run = true,
+            "--images" => {
+                images = Some(
+                    args.next()
+                        .context("--images needs the OCI archive's path")?,
+                );
+            }
             flag if flag.starts_with('-') => {
-                bail!("unknown option {flag} (--quick, --dry-run, --list or case prefixes)")
+                bail!(
+                    "unknown option {flag} (--quick, --dry-run, --list, --images PATH or case \
+                     prefixes)"
+                )
             }
             prefix => filters.push(prefix.to_owned()),
         }
     }
     // The control-plane tier runs in a network namespace of its own (as the end-to-end suite
-    // does): when its cases are selected, the whole run moves there before any thread starts.
-    let control_plane = filters.is_empty()
-        || filters
+    // does), the node tier in network, mount and PID namespaces of its own: when their cases
+    // are selected, the whole run moves there before any thread starts.
+    let selects = |prefix: &str| {
+        filters
             .iter()
-            .any(|f| f.starts_with(control_plane::PREFIX) || control_plane::PREFIX.starts_with(f));
-    if control_plane && !dry_run {
-        match agent_sandbox_e2e::netns::run_inside(&[]) {
+            .any(|f| f.starts_with(prefix) || (prefix.starts_with(f.as_str()) && !f.is_empty()))
+    };
+    let control_plane = filters.is_empty() || selects(control_plane::PREFIX);
+    let node = selects(node::PREFIX);
+    if control_plane && node {
+        bail!(
+            "the {} and {} cases run in namespaces laid out differently: name one tier's \
+             cases at a time",
+            control_plane::PREFIX,
+            node::PREFIX
+        );
+    }
+    if (control_plane && !dry_run) || node {
+        let layout = if node {
+            agent_sandbox_e2e::netns::Layout::Node
+        } else {
+            agent_sandbox_e2e::netns::Layout::LocalPodRange
+        };
+        // The node cases find our images' archive (`cargo xtask bench` passes `--images`).
+        let env: Vec<(&str, String)> = images
+            .into_iter()
+            .map(|path| (agent_sandbox_e2e::env::IMAGES, path))
+            .collect();
+        match agent_sandbox_e2e::netns::run_inside_as(layout, &env) {
             Ok(Some(0)) => return Ok(()),
             Ok(Some(code)) => bail!("the run in its own network namespace exited with {code}"),
             Ok(None) => {}
@@ -110,6 +146,7 @@ fn cases() -> Vec<Case> {
     cases.extend(cli::cases());
     cases.extend(controller::cases());
     cases.extend(control_plane::cases());
+    cases.extend(node::cases());
     cases.extend(runtime::cases());
     cases.extend(router::cases());
     cases.extend(sdk::cases());
@@ -123,7 +160,11 @@ pub(crate) fn run(root: &Path, filters: &[String], options: Options, dry_run: bo
     let selected: Vec<Case> = cases()
         .into_iter()
         .filter(|case| {
-            filters.is_empty() || filters.iter().any(|f| case.name.starts_with(f.as_str()))
+            if filters.is_empty() {
+                !case.name.starts_with(node::PREFIX)
+            } else {
+                filters.iter().any(|f| case.name.starts_with(f.as_str()))
+            }
         })
         .collect();
     if selected.is_empty() {

@@ -149,7 +149,9 @@ pub(crate) fn merge_into(path: &Path, rows: &[Row]) -> Result<()> {
         "Written by `cargo xtask bench` (cases in `xtask/bench/src/`); re-measure one case with\n\
          `cargo xtask bench <case-prefix>` (`cargo xtask bench --list` names them). Latencies are\n\
          per operation; peak RSS is the high-water mark of the process measured. Figures are\n\
-         from one machine and vary between runs; compare ratios measured in the same run.\n\n",
+         from one machine and vary between runs; compare ratios measured in the same run. The\n\
+         node tier's cases (`node/…`: as root, on a real node running our OCI images under runc\n\
+         and gVisor) run only when named: `cargo xtask bench node/`.\n\n",
     );
     out.push_str(&format!("Machine of the last run: {}\n\n", machine()));
     out.push_str(TABLE_HEADER);

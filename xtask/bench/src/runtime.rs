@@ -124,7 +124,7 @@ impl Drop for Runtime {
     }
 }
 
-fn mib(kib: u64) -> String {
+pub(super) fn mib(kib: u64) -> String {
     #[allow(clippy::cast_precision_loss)]
     let value = kib as f64 / 1024.0;
     format!("{value:.1} MiB")
