@@ -607,6 +607,17 @@ async fn a_killed_container_restarts_in_its_pod_with_its_storage() {
     .unwrap();
     pods.create(&PostParams::default(), &pod).await.unwrap();
     let running = wait_phase(&pods, "restarted", &["Running"]).await;
+    // Killed only once the first start has left its file (it prints after `touch`): Running
+    // comes before the script has run.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let logs = pods.logs("restarted", &LogParams::default()).await.unwrap();
+        if logs == "first-start\n" {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{logs:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let helper = running.status.unwrap().container_statuses.unwrap()[0]
         .container_id
         .clone()
