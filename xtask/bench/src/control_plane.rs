@@ -72,13 +72,18 @@ pub(super) fn tokio_runtime() -> Result<tokio::runtime::Runtime> {
         .build()?)
 }
 
-async fn start() -> Result<PlaneCluster> {
+/// Installs the TLS provider and finds the control plane's binaries (`cargo xtask tools`).
+pub(super) fn control_plane_bin_dir() -> Result<std::path::PathBuf> {
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-    let bin_dir = Tool::control_plane_dir().with_context(|| {
+    Tool::control_plane_dir().with_context(|| {
         Tool::ControlPlane
             .unavailable()
             .unwrap_or_else(|| "the control plane's binaries are missing".to_owned())
-    })?;
+    })
+}
+
+async fn start() -> Result<PlaneCluster> {
+    let bin_dir = control_plane_bin_dir()?;
     PlaneCluster::start(&bin_dir)
         .await
         .context("the control-plane tier did not start")

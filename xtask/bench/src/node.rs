@@ -26,7 +26,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 
-use super::control_plane::{pool_full, sdk_client, tokio_runtime};
+use super::control_plane::{control_plane_bin_dir, pool_full, sdk_client, tokio_runtime};
 use super::{Case, Options, Row, Samples, format_duration};
 
 /// The prefix of this tier's case names.
@@ -68,12 +68,7 @@ const NOTES_SETUP: &str = "SDK (direct) to one router pod (--auth scoped); real 
 
 /// The control plane and the real node, with `deploy/sandboxes`' pool scaled to none.
 async fn start() -> Result<PlaneCluster> {
-    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-    let bin_dir = Tool::control_plane_dir().with_context(|| {
-        Tool::ControlPlane
-            .unavailable()
-            .unwrap_or_else(|| "the control plane's binaries are missing".to_owned())
-    })?;
+    let bin_dir = control_plane_bin_dir()?;
     let tools = Tool::node_dir().with_context(|| {
         Tool::Node
             .unavailable()
